@@ -1,0 +1,181 @@
+// Tests for base/: Status/Result/TRY, the thread pool, parsing helpers, mmap, cpu features.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/fs.h"
+#include "base/mmap.h"
+#include "base/progress.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/strings.h"
+#include "base/thread_pool.h"
+
+namespace fathom {
+namespace {
+
+Result<int> parse_positive(int v) {
+  if (v <= 0) return invalid_argument("value {} is not positive", v);
+  return v;
+}
+
+Result<int> doubled(int v) {
+  int x = TRY(parse_positive(v));
+  return 2 * x;
+}
+
+Status check_both(int a, int b) {
+  TRY(parse_positive(a));
+  TRY(parse_positive(b));
+  return {};
+}
+
+Result<std::unique_ptr<int>> make_owned(int v) {
+  if (v < 0) return out_of_range("negative");
+  return std::make_unique<int>(v);
+}
+
+Result<int> unwrap_owned(int v) {
+  std::unique_ptr<int> p = TRY(make_owned(v));
+  return *p + 1;
+}
+
+TEST(Status, TryPropagatesErrorsAndYieldsValues) {
+  EXPECT_EQ(*doubled(4), 8);
+  Result<int> bad = doubled(-1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "value -1 is not positive");
+  EXPECT_TRUE(check_both(1, 2).ok());
+  EXPECT_EQ(check_both(1, 0).to_string(), "invalid argument: value 0 is not positive");
+  EXPECT_EQ(*unwrap_owned(41), 42);
+  EXPECT_EQ(unwrap_owned(-1).status().code(), StatusCode::kOutOfRange);
+}
+
+TEST(Status, WithContextPrefixesTheMessage) {
+  Status s = corrupt("bad header").with_context("model.safetensors");
+  EXPECT_EQ(s.message(), "model.safetensors: bad header");
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(errno_status(ENOENT, "open 'x'").code(), StatusCode::kNotFound);
+  EXPECT_EQ(errno_status(ENOSPC, "write").code(), StatusCode::kResourceExhausted);
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorAborts) {
+  Result<int> r = invalid_argument("nope");
+  EXPECT_DEATH((void)r.value(), "nope");
+}
+
+TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
+  auto pool = ThreadPool::create(4);
+  for (int round = 0; round < 200; ++round) {
+    const int n = 1 + round * 7 % 97;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    pool->run(n, [&](int64_t t, int thread) {
+      EXPECT_GE(thread, 0);
+      EXPECT_LT(thread, 4);
+      hits[static_cast<size_t>(t)].fetch_add(1);
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+TEST(ThreadPool, ParallelForCoversTheRangeInChunks) {
+  auto pool = ThreadPool::create(3);
+  std::vector<int> v(10007, 0);
+  pool->parallel_for(static_cast<int64_t>(v.size()), 100, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)] += 1;
+  });
+  EXPECT_EQ(std::accumulate(v.begin(), v.end(), 0), 10007);
+}
+
+TEST(ThreadPool, NestedRunExecutesInline) {
+  auto pool = ThreadPool::create(2);
+  std::atomic<int> total{0};
+  pool->run(4, [&](int64_t, int) { pool->run(3, [&](int64_t, int) { total.fetch_add(1); }); });
+  EXPECT_EQ(total.load(), 12);
+}
+
+TEST(ThreadPool, ConcurrentCallersAreSerialised) {
+  auto pool = ThreadPool::create(2);
+  std::atomic<int> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) pool->run(5, [&](int64_t, int) { total.fetch_add(1); });
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 1500);
+}
+
+TEST(Strings, ParsesNumbersStrictly) {
+  EXPECT_EQ(*parse_int("-12", "n"), -12);
+  EXPECT_FALSE(parse_int("12x", "n").ok());
+  EXPECT_FALSE(parse_int("", "n").ok());
+  EXPECT_EQ(parse_uint("-1", "--layers").status().message(), "--layers: '-1' is not a non-negative integer");
+  EXPECT_DOUBLE_EQ(*parse_double("0.5", "t"), 0.5);
+  EXPECT_FALSE(parse_double("nan", "t").ok());
+  EXPECT_EQ(*parse_size("2M", "s"), 2u << 20);
+  EXPECT_EQ(*parse_size("1.5G", "s"), 3ull << 29);
+  EXPECT_EQ(*parse_size("4096", "s"), 4096u);
+  auto list = parse_int_list("1, 2,3", "tokens");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(*list, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+}
+
+TEST(MappedFile, MapsFilesAndReportsMissingOnes) {
+  const std::string dir = testing::TempDir();
+  const std::string path = dir + "/mapped.bin";
+  ASSERT_TRUE(write_file_atomic(path, "hello").ok());
+  auto m = MappedFile::open(path);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->size(), 5u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*m)->data()), 5), "hello");
+  ASSERT_TRUE(write_file_atomic(dir + "/empty.bin", "").ok());
+  auto e = MappedFile::open(dir + "/empty.bin");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->size(), 0u);
+  auto missing = MappedFile::open(dir + "/does-not-exist");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("does-not-exist"), std::string::npos);
+}
+
+TEST(Cpu, LevelIsCappedAndNamed) {
+  const SimdLevel supported = simd_level_supported();
+  set_simd_level_cap(SimdLevel::kScalar);
+  EXPECT_EQ(simd_level(), SimdLevel::kScalar);
+  set_simd_level_cap(SimdLevel::kAvx512Bf16);
+  EXPECT_EQ(simd_level(), supported);
+  EXPECT_EQ(*parse_simd_level("avx2"), SimdLevel::kAvx2);
+  EXPECT_FALSE(parse_simd_level("sse9").ok());
+  EXPECT_FALSE(cpu_features().to_string().empty());
+}
+
+TEST(Rng, IsDeterministicForASeed) {
+  Rng a(42), b(42), c(43);
+  for (int i = 0; i < 10; ++i) {
+    uint64_t x = a.next_u64();
+    EXPECT_EQ(x, b.next_u64());
+    EXPECT_NE(x, c.next_u64());
+  }
+  EXPECT_EQ(counter_uniform(1, 2, 3), counter_uniform(1, 2, 3));
+  float lo = 1, hi = -1;
+  for (uint64_t i = 0; i < 10000; ++i) {
+    float v = counter_uniform(7, 9, i);
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GE(lo, -1.0f);
+  EXPECT_LT(hi, 1.0f);
+  EXPECT_LT(lo, -0.99f);
+  EXPECT_GT(hi, 0.99f);
+}
+
+}  // namespace
+}  // namespace fathom

@@ -1,0 +1,65 @@
+// ThreadPool: a fixed set of worker threads, created once, that run data-parallel jobs.
+//
+// run(n, fn) calls fn(task, thread) for every task in [0, n) and returns when all are done; the
+// calling thread works too (thread id 0; workers are 1..size()-1). parallel_for splits a range
+// into contiguous chunks. No thread is created or memory allocated per call. Workers spin briefly
+// between jobs (decode issues hundreds of small jobs per token) and then sleep on a futex.
+//
+// Thread safety: run() may be called from any thread; calls from different threads are
+// serialised. A run() from inside a task executes inline on that thread (no deadlock).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/function_ref.h"
+
+namespace fathom {
+
+class ThreadPool {
+ public:
+  // n_threads counts the caller: 1 means no workers (everything inline).
+  static std::unique_ptr<ThreadPool> create(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  void run(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn);
+
+  // Calls fn(begin, end, thread) over chunks of [0, n); chunks hold at least `grain` items and
+  // there are at most about 4 per thread so uneven tasks still balance.
+  void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t begin, int64_t end, int thread)> fn);
+
+ private:
+  explicit ThreadPool(int n_threads);
+  void worker_loop(int thread);
+  void execute(uint32_t generation, int thread);
+
+  const int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+
+  // The current job. `next_` packs (generation << 32 | next task) so a late worker can never
+  // claim a task of a newer job with the old job's function.
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int64_t> n_tasks_{0};
+  std::atomic<int64_t> done_{0};
+  std::atomic<const FunctionRef<void(int64_t, int)>*> fn_{nullptr};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
+};
+
+// The process-wide pool used by kernels and the model. Sized on first use from
+// set_default_pool_threads(), else FATHOM_THREADS, else the number of online CPUs.
+ThreadPool& default_pool();
+void set_default_pool_threads(int n_threads);
+int default_thread_count();
+
+}  // namespace fathom

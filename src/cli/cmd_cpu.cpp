@@ -1,0 +1,45 @@
+// `fathom cpu`: what this machine's CPU offers and which kernel paths Fathom will use.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "base/cpu.h"
+#include "base/thread_pool.h"
+#include "cli/args.h"
+#include "cli/command.h"
+
+namespace fathom::cli {
+namespace {
+
+int run_cpu(int argc, char** argv) {
+  bool json = false;
+  Args args(argv[0], "Show CPU features, the SIMD level kernels use and the thread count.");
+  args.flag("--json", &json, "print one JSON object");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  const CpuFeatures& f = cpu_features();
+  if (json) {
+    nlohmann::json j = {{"vendor", f.vendor},
+                        {"brand", f.brand},
+                        {"features", f.to_string()},
+                        {"simd_supported", simd_level_name(simd_level_supported())},
+                        {"simd_level", simd_level_name(simd_level())},
+                        {"threads", default_thread_count()},
+                        {"amx", f.amx_tile}};
+    print_json_line(j.dump());
+    return 0;
+  }
+  std::printf("cpu:        %s %s\n", f.vendor.c_str(), f.brand.c_str());
+  std::printf("features:   %s\n", f.to_string().c_str());
+  std::printf("simd level: %s (supported: %s)\n", std::string(simd_level_name(simd_level())).c_str(),
+              std::string(simd_level_name(simd_level_supported())).c_str());
+  std::printf("threads:    %d\n", default_thread_count());
+  return 0;
+}
+
+}  // namespace
+
+FATHOM_COMMAND("cpu", "Show CPU features and the kernel paths in use", run_cpu);
+
+}  // namespace fathom::cli

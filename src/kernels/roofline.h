@@ -1,0 +1,47 @@
+// Machine limits measured in the same run as a benchmark, so every speed is reported as a
+// fraction of what this machine (with the other load on it right now) can do:
+// memory bandwidth (read-only sweep, copy, STREAM triad) over a buffer larger than the last-level
+// cache, and peak arithmetic rates (BF16 dot products with vdpbf16ps, int8 VNNI vpdpbusd, f32
+// FMA) from register-only loops with enough independent accumulators to hide latency.
+#pragma once
+
+#include <cstdint>
+
+#include "base/cpu.h"
+#include "base/thread_pool.h"
+
+namespace fathom {
+
+struct MemoryBandwidth {
+  double read_gbs = 0;   // read-only sweep, GB/s (1e9 bytes/s)
+  double copy_gbs = 0;   // bytes read + bytes written per second
+  double triad_gbs = 0;  // a[i] = b[i] + s*c[i], STREAM's counting (3 arrays)
+  uint64_t bytes = 0;    // buffer size swept
+  int threads = 0;
+};
+
+// Best of `repeats` passes over a fresh `bytes`-sized buffer (default 1 GiB, > LLC).
+MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool, uint64_t bytes = uint64_t{1} << 30, int repeats = 3);
+
+struct PeakCompute {
+  double bf16_gflops = 0;  // 2 FLOP per bf16 product; vdpbf16ps path or the best emulation
+  double int8_gops = 0;    // 2 ops per int8 multiply-add (vpdpbusd); 0 without VNNI
+  double f32_gflops = 0;   // FMA
+  int threads = 0;
+  SimdLevel level = SimdLevel::kScalar;
+};
+
+PeakCompute measure_peak_compute(ThreadPool& pool, double seconds = 0.2);
+
+namespace internal {
+// Per-thread kernels (ISA-specific files); each returns operations performed.
+double peak_bf16_avx512bf16(uint64_t iterations);
+double peak_int8_avx512(uint64_t iterations);
+double peak_f32_avx512(uint64_t iterations);
+double peak_f32_avx2(uint64_t iterations);
+double peak_int8_avx2(uint64_t iterations);
+uint64_t read_sweep_avx512(const uint8_t* p, uint64_t n);
+uint64_t read_sweep_avx2(const uint8_t* p, uint64_t n);
+}  // namespace internal
+
+}  // namespace fathom
