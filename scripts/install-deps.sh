@@ -11,7 +11,7 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev libxxhash-dev
   librocksdb-dev liburing-dev fio
   libopenmpi-dev openmpi-bin
-  libseccomp-dev libsqlite3-dev sqlite3 libtomlplusplus-dev
+  libseccomp-dev libsqlite3-dev sqlite3 libtomlplusplus-dev libssl-dev
   clang libclang-rt-14-dev
   python3
 )
