@@ -102,7 +102,8 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& g) {
   return c;
 }
 
-std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelConfig& c, std::string_view name) {
+std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelConfig& c, std::string_view name,
+                                                                  bool legacy_kvb) {
   using V = GgufValue;
   auto u32 = [](int64_t v) { return V::u32(static_cast<uint32_t>(v)); };
   auto f32 = [](double v) { return V::f32(static_cast<float>(v)); };
@@ -115,7 +116,7 @@ std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelCo
   m.emplace_back(key("embedding_length"), u32(c.hidden_size));
   m.emplace_back(key("feed_forward_length"), u32(c.intermediate_size));
   m.emplace_back(key("attention.head_count"), u32(c.num_attention_heads));
-  m.emplace_back(key("attention.head_count_kv"), u32(1));
+  m.emplace_back(key("attention.head_count_kv"), u32(legacy_kvb ? c.num_attention_heads : 1));
   m.emplace_back(key("rope.freq_base"), f32(c.rope_theta));
   m.emplace_back(key("attention.layer_norm_rms_epsilon"), f32(c.rms_norm_eps));
   m.emplace_back(key("expert_used_count"), u32(c.num_experts_per_tok));
@@ -123,10 +124,15 @@ std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelCo
   m.emplace_back(key("vocab_size"), u32(c.vocab_size));
   if (c.q_lora_rank > 0) m.emplace_back(key("attention.q_lora_rank"), u32(c.q_lora_rank));
   m.emplace_back(key("attention.kv_lora_rank"), u32(c.kv_lora_rank));
-  m.emplace_back(key("attention.key_length"), u32(c.kv_lora_rank + c.qk_rope_head_dim));
-  m.emplace_back(key("attention.value_length"), u32(c.kv_lora_rank));
-  m.emplace_back(key("attention.key_length_mla"), u32(c.qk_nope_head_dim + c.qk_rope_head_dim));
-  m.emplace_back(key("attention.value_length_mla"), u32(c.v_head_dim));
+  if (legacy_kvb) {
+    m.emplace_back(key("attention.key_length"), u32(c.qk_nope_head_dim + c.qk_rope_head_dim));
+    m.emplace_back(key("attention.value_length"), u32(c.v_head_dim));
+  } else {
+    m.emplace_back(key("attention.key_length"), u32(c.kv_lora_rank + c.qk_rope_head_dim));
+    m.emplace_back(key("attention.value_length"), u32(c.kv_lora_rank));
+    m.emplace_back(key("attention.key_length_mla"), u32(c.qk_nope_head_dim + c.qk_rope_head_dim));
+    m.emplace_back(key("attention.value_length_mla"), u32(c.v_head_dim));
+  }
   m.emplace_back(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
   m.emplace_back(key("expert_count"), u32(c.n_routed_experts));
   m.emplace_back(key("expert_shared_count"), u32(c.n_shared_experts));

@@ -121,6 +121,8 @@ nlohmann::json model_config_summary_json(const ModelConfig& c);
 // legacy one (head_count_kv = heads, key_length = nope + rope). The GGUF has no topk_method:
 // sigmoid gating means noaux_tc, softmax with groups group_limited_greedy, else greedy.
 Result<ModelConfig> model_config_from_gguf(const GgufFile& gguf);
-std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelConfig& c, std::string_view name);
+// `legacy_kvb`: describe the legacy flavour (attn_kv_b, head_count_kv = heads) instead of MLA's.
+std::vector<std::pair<std::string, GgufValue>> gguf_model_metadata(const ModelConfig& c, std::string_view name,
+                                                                  bool legacy_kvb = false);
 
 }  // namespace fathom
