@@ -195,9 +195,10 @@ struct McpClient::Impl {
       ssize_t n = ::read(proc->stdout_fd(), chunk, sizeof(chunk));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
+      const size_t scanned = buf.size();  // only the new bytes can hold a newline
       buf.append(chunk, static_cast<size_t>(n));
       size_t start = 0;
-      for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1) {
+      for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos; start = from = nl + 1) {
         handle_line(std::string_view(buf).substr(start, nl - start));
         std::lock_guard<std::mutex> lock(mu);
         if (dead) return;

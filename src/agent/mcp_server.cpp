@@ -170,9 +170,10 @@ int McpServer::serve() {
     ssize_t n = ::read(0, chunk, sizeof(chunk));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
+    const size_t scanned = buf.size();  // only the new bytes can hold a newline
     buf.append(chunk, static_cast<size_t>(n));
     size_t start = 0;
-    for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1) {
+    for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos; start = from = nl + 1) {
       std::string_view line = trim(std::string_view(buf).substr(start, nl - start));
       if (line.empty()) continue;
       json msg = json::parse(line, nullptr, false);

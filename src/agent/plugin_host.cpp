@@ -320,7 +320,7 @@ std::vector<ToolEntry> PluginHost::tools() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<ToolEntry> out;
   for (const auto& [name, p] : impl_->plugins) {
-    if (p->state != "running") continue;
+    if (p->state != "running" || !p->client || !p->client->alive()) continue;  // crashed: restarting
     for (const auto& t : p->tools) {
       ToolEntry e{.name = namespaced_tool_name(name, t.name), .plugin = name, .tool = t.name,
                   .description = t.description, .input_schema = t.input_schema};

@@ -51,7 +51,17 @@ std::string find_in_path(const std::string& name, const std::string& path_env) {
   return "";
 }
 
+namespace {
+std::string& self_override() {
+  static std::string path;
+  return path;
+}
+}  // namespace
+
+void set_self_executable(std::string path) { self_override() = std::move(path); }
+
 std::string self_executable() {
+  if (!self_override().empty()) return self_override();
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return "";

@@ -66,7 +66,9 @@ class ChildProcess {
 std::vector<std::string> environment_subset(const std::vector<std::string>& keep);
 // Absolute path of argv0 found in PATH ("" when not found).
 std::string find_in_path(const std::string& name, const std::string& path_env);
-// Absolute path of the running executable (/proc/self/exe resolved).
+// The fathom executable: /proc/self/exe, unless set_self_executable() named another (tests that
+// link the agent library into their own binary point it at build/bin/fathom).
 std::string self_executable();
+void set_self_executable(std::string path);
 
 }  // namespace fathom::agent

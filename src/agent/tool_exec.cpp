@@ -100,6 +100,7 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
     return out;
   }
   out.is_error = r->is_error;
+  if (r->is_error) log_warn("tool call {} {} returned an error: {}", out.id, out.name, r->text().substr(0, 300));
   out.text = cap_text(r->is_error ? "Error: " + r->text() : r->text(), ctx.max_chars);
   return out;
 }
