@@ -26,10 +26,11 @@ json toml_to_json(const toml::node& n) {
     for (auto& v : *a) j.push_back(toml_to_json(v));
     return j;
   }
-  if (auto v = n.value<std::string>()) return *v;
-  if (auto v = n.value<int64_t>()) return *v;
-  if (auto v = n.value<double>()) return *v;
-  if (auto v = n.value<bool>()) return *v;
+  // By node type: value<T>() would convert a boolean to an integer.
+  if (n.is_string()) return *n.value<std::string>();
+  if (n.is_boolean()) return *n.value<bool>();
+  if (n.is_integer()) return *n.value<int64_t>();
+  if (n.is_floating_point()) return *n.value<double>();
   return nullptr;
 }
 
@@ -114,7 +115,8 @@ Result<PluginManifest> from_json(const json& j, const std::string& source, const
     m.command = substitute(j["command"], vars);
     if (m.command == "fathom") m.command = self_executable();
     for (const auto& a : j.value("args", json::array())) m.args.push_back(substitute(a.get<std::string>(), vars));
-    for (const auto& [k, v] : j.value("env", json::object()).items()) m.env[k] = substitute(v.get<std::string>(), vars);
+    const json env = j.value("env", json::object());  // items() of a temporary would dangle
+    for (const auto& [k, v] : env.items()) m.env[k] = substitute(v.get<std::string>(), vars);
     m.env_passthrough = j.value("env_passthrough", std::vector<std::string>{});
     m.install_dir = substitute(j.value("install_dir", ""), vars);
     if (!m.install_dir.empty() && m.install_dir[0] != '/') m.install_dir = dir + "/" + m.install_dir;
@@ -135,7 +137,8 @@ Result<PluginManifest> from_json(const json& j, const std::string& source, const
     const json perms = j.value("permissions", json::object());
     m.permission_default = perms.value("default", "ask");
     TRY(check_decision(m.permission_default, source + ": permissions.default"));
-    for (const auto& [tool, d] : perms.value("tools", json::object()).items()) {
+    const json tools = perms.value("tools", json::object());
+    for (const auto& [tool, d] : tools.items()) {
       m.permission_tools[tool] = d.get<std::string>();
       TRY(check_decision(m.permission_tools[tool], source + ": permissions.tools." + tool));
     }

@@ -44,10 +44,11 @@ json toml_node_to_json(const toml::node& n) {
     for (auto& v : *a) j.push_back(toml_node_to_json(v));
     return j;
   }
-  if (auto v = n.value<std::string>()) return *v;
-  if (auto v = n.value<int64_t>()) return *v;
-  if (auto v = n.value<double>()) return *v;
-  if (auto v = n.value<bool>()) return *v;
+  // By node type: value<T>() would convert a boolean to an integer.
+  if (n.is_string()) return *n.value<std::string>();
+  if (n.is_boolean()) return *n.value<bool>();
+  if (n.is_integer()) return *n.value<int64_t>();
+  if (n.is_floating_point()) return *n.value<double>();
   return nullptr;
 }
 

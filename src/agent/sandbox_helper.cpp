@@ -107,36 +107,39 @@ void remove_cgroup(const CgroupDir& dir) {
 
 // A user namespace whose map sends on-disk owner `from` to uid `to`; for idmapped mounts.
 Result<int> idmap_userns(uid_t from_uid, gid_t from_gid, uid_t to_uid, gid_t to_gid) {
-  int sync[2];
-  if (::pipe2(sync, O_CLOEXEC) != 0) return errno_status(errno, "pipe");
+  int ready[2], done[2];  // child -> parent: unshared; parent -> child: namespace opened
+  if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe2(done, O_CLOEXEC) != 0) return errno_status(errno, "pipe");
   pid_t pid = ::fork();
   if (pid < 0) return errno_status(errno, "fork");
   if (pid == 0) {
-    ::close(sync[1]);
+    ::close(ready[0]);
+    ::close(done[1]);
     if (::unshare(CLONE_NEWUSER) != 0) _exit(1);
+    if (::write(ready[1], "u", 1) != 1) _exit(1);
     char c;
-    ssize_t r = ::read(sync[0], &c, 1);  // wait until the parent has opened our namespace
+    ssize_t r = ::read(done[0], &c, 1);
     (void)r;
     _exit(0);
   }
-  ::close(sync[0]);
+  ::close(ready[1]);
+  ::close(done[0]);
   const std::string base = fmt::format("/proc/{}/", pid);
-  int fd = -1;
+  char c;
   Status s;
-  for (int i = 0; i < 1000; ++i) {  // wait until the child has unshared
-    struct stat a, b;
-    if (::stat((base + "ns/user").c_str(), &a) == 0 && ::stat("/proc/self/ns/user", &b) == 0 && a.st_ino != b.st_ino)
-      break;
-    ::usleep(100);
-  }
-  s = write_text(base + "uid_map", fmt::format("{} {} 1\n", from_uid, to_uid));
+  ssize_t n;
+  do n = ::read(ready[0], &c, 1);
+  while (n < 0 && errno == EINTR);
+  if (n != 1) s = unavailable("cannot create a user namespace for the idmapped mount");
+  int fd = -1;
+  if (s.ok()) s = write_text(base + "uid_map", fmt::format("{} {} 1\n", from_uid, to_uid));
   if (s.ok()) s = write_text(base + "setgroups", "deny");
   if (s.ok()) s = write_text(base + "gid_map", fmt::format("{} {} 1\n", from_gid, to_gid));
   if (s.ok()) {
     fd = ::open((base + "ns/user").c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) s = errno_status(errno, "open user namespace");
   }
-  ::close(sync[1]);
+  ::close(ready[0]);
+  ::close(done[1]);
   ::waitpid(pid, nullptr, 0);
   if (!s.ok()) return s;
   return fd;
