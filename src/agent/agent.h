@@ -29,19 +29,19 @@ struct AgentOptions {
   std::string plugins_dir;           // manifests; watched for hot-swap
   std::string workspace = ".";
   std::string policy_path;
-  std::string trajectory_path;       // JSONL; "" -> none
-  std::string audit_path;            // JSONL; "" -> none
+  std::string trajectory_path;        // JSONL; "" -> none
+  std::string audit_path;             // JSONL; "" -> none
   std::string sandbox_mode = "auto";  // auto | require | off
-  std::string system_prompt;         // "" -> a short default naming the workspace
-  int max_steps = 30;                // model requests per run()
-  int64_t max_total_tokens = 0;      // prompt + completion over the session; 0: none
-  double max_seconds = 0;            // per run(); 0: none
-  int64_t context_tokens = 32768;    // the model's window
-  int64_t reserve_tokens = 4096;     // kept free for the answer
+  std::string system_prompt;          // "" -> a short default naming the workspace
+  int max_steps = 30;                 // model requests per run()
+  int64_t max_total_tokens = 0;       // prompt + completion over the session; 0: none
+  double max_seconds = 0;             // per run(); 0: none
+  int64_t context_tokens = 32768;     // the model's window
+  int64_t reserve_tokens = 4096;      // kept free for the answer
   int64_t tool_timeout_ms = 120000;
   size_t tool_result_max_chars = 100000;
   bool stream = true;
-  bool yes = false;                  // an `ask` decision becomes allow without a terminal
+  bool yes = false;                                   // an `ask` decision becomes allow without a terminal
   std::function<void(const std::string&)> on_text;    // streamed model text
   std::function<void(const std::string&)> on_notice;  // progress and decisions (stderr)
   std::function<bool(const std::string&)> confirm;    // interactive ask; null: no terminal

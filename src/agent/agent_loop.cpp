@@ -22,8 +22,13 @@ namespace fathom::agent {
 using json = nlohmann::json;
 
 json AgentResult::to_json() const {
-  return {{"status", status}, {"final_text", final_text}, {"steps", steps}, {"tool_calls", tool_calls},
-          {"tool_errors", tool_errors}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+  return {{"status", status},
+          {"final_text", final_text},
+          {"steps", steps},
+          {"tool_calls", tool_calls},
+          {"tool_errors", tool_errors},
+          {"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
           {"context_truncations", context_truncations}};
 }
 
@@ -46,15 +51,19 @@ struct Agent::Impl {
   json tool_specs() const {
     json tools = json::array();
     for (const auto& t : host->tools()) {
-      json params = t.input_schema.is_object() && !t.input_schema.empty() ? t.input_schema : json{{"type", "object"}};
-      tools.push_back({{"type", "function"},
-                       {"function", {{"name", t.name}, {"description", t.description.substr(0, 2000)}, {"parameters", params}}}});
+      json params =
+          t.input_schema.is_object() && !t.input_schema.empty() ? t.input_schema : json{{"type", "object"}};
+      tools.push_back(
+          {{"type", "function"},
+           {"function",
+            {{"name", t.name}, {"description", t.description.substr(0, 2000)}, {"parameters", params}}}});
     }
     return tools;
   }
 
   int64_t estimate_tokens(const json& tools) const {
-    return static_cast<int64_t>(static_cast<double>(messages.dump().size() + tools.dump().size()) / chars_per_token);
+    return static_cast<int64_t>(static_cast<double>(messages.dump().size() + tools.dump().size()) /
+                                chars_per_token);
   }
 
   // Keeps the conversation under the window: older tool outputs are cut to head and tail first,
@@ -71,13 +80,22 @@ struct Agent::Impl {
       std::string c = m["content"];
       if (c.size() <= 600) continue;
       const size_t removed = c.size() - 400;
-      m["content"] = c.substr(0, 200) + fmt::format("\n[... {} characters of this older tool output were removed by fathom "
-                                                    "to fit the context window ...]\n", removed) + c.substr(c.size() - 200);
+      m["content"] = c.substr(0, 200) +
+                     fmt::format(
+                         "\n[... {} characters of this older tool output were removed by fathom "
+                         "to fit the context window ...]\n",
+                         removed) +
+                     c.substr(c.size() - 200);
       result.context_truncations++;
-      notice(fmt::format("context: cut {} characters from an older tool result (message {}) to stay under {} tokens",
-                         removed, i, budget));
-      if (trajectory) trajectory->write({{"type", "context"}, {"step", step}, {"action", "truncate_tool_output"},
-                                         {"message_index", i}, {"chars_removed", removed}});
+      notice(fmt::format(
+          "context: cut {} characters from an older tool result (message {}) to stay under {} tokens",
+          removed, i, budget));
+      if (trajectory)
+        trajectory->write({{"type", "context"},
+                           {"step", step},
+                           {"action", "truncate_tool_output"},
+                           {"message_index", i},
+                           {"chars_removed", removed}});
     }
     // Then whole turns after the first user message: an assistant message and its tool results.
     size_t first_user = 0;
@@ -91,16 +109,25 @@ struct Agent::Impl {
       messages.erase(messages.begin() + static_cast<long>(start), messages.begin() + static_cast<long>(end));
       last_assistant -= end - start;
       result.context_truncations++;
-      notice(fmt::format("context: dropped {} oldest message(s) to stay under {} tokens", end - start, budget));
-      if (trajectory) trajectory->write({{"type", "context"}, {"step", step}, {"action", "drop_messages"}, {"count", end - start}});
+      notice(
+          fmt::format("context: dropped {} oldest message(s) to stay under {} tokens", end - start, budget));
+      if (trajectory)
+        trajectory->write(
+            {{"type", "context"}, {"step", step}, {"action", "drop_messages"}, {"count", end - start}});
     }
     if (estimate_tokens(tools) > budget)
-      log_warn("context: still about {} tokens after truncation (budget {}); sending anyway", estimate_tokens(tools), budget);
+      log_warn("context: still about {} tokens after truncation (budget {}); sending anyway",
+               estimate_tokens(tools), budget);
   }
 
   std::vector<ToolOutcome> run_tools(const json& calls, int step) {
-    ToolExecContext ctx{.host = host.get(), .policy = &policy, .audit = audit.get(), .yes = options.yes,
-                        .confirm = options.confirm, .on_notice = options.on_notice, .timeout_ms = options.tool_timeout_ms,
+    ToolExecContext ctx{.host = host.get(),
+                        .policy = &policy,
+                        .audit = audit.get(),
+                        .yes = options.yes,
+                        .confirm = options.confirm,
+                        .on_notice = options.on_notice,
+                        .timeout_ms = options.tool_timeout_ms,
                         .max_chars = options.tool_result_max_chars};
     std::vector<ToolOutcome> outcomes(calls.size());
     std::mutex confirm_mu;  // one question on the terminal at a time
@@ -114,7 +141,9 @@ struct Agent::Impl {
     std::vector<std::thread> threads;
     for (size_t i = 0; i < calls.size(); ++i) {
       if (trajectory)
-        trajectory->write({{"type", "tool_call"}, {"step", step}, {"id", calls[i].value("id", "")},
+        trajectory->write({{"type", "tool_call"},
+                           {"step", step},
+                           {"id", calls[i].value("id", "")},
                            {"name", calls[i]["function"].value("name", "")},
                            {"arguments", calls[i]["function"].value("arguments", json(""))}});
       threads.emplace_back([&, i] { outcomes[i] = execute_tool_call(ctx, calls[i]); });
@@ -122,8 +151,14 @@ struct Agent::Impl {
     for (auto& t : threads) t.join();
     for (const auto& o : outcomes)
       if (trajectory)
-        trajectory->write({{"type", "tool_result"}, {"step", step}, {"id", o.id}, {"name", o.name}, {"decision", o.decision},
-                           {"is_error", o.is_error}, {"content", o.text}, {"ms", o.ms}});
+        trajectory->write({{"type", "tool_result"},
+                           {"step", step},
+                           {"id", o.id},
+                           {"name", o.name},
+                           {"decision", o.decision},
+                           {"is_error", o.is_error},
+                           {"content", o.text},
+                           {"ms", o.ms}});
     return outcomes;
   }
 };
@@ -134,13 +169,16 @@ Agent::~Agent() = default;
 Result<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   auto impl = std::make_unique<Impl>();
   char buf[4096];
-  if (!::realpath(options.workspace.c_str(), buf)) return errno_status(errno, "--workspace '" + options.workspace + "'");
+  if (!::realpath(options.workspace.c_str(), buf))
+    return errno_status(errno, "--workspace '" + options.workspace + "'");
   options.workspace = buf;
   if (!options.policy_path.empty()) impl->policy = TRY(Policy::load(options.policy_path));
   impl->audit = TRY(AuditLog::open(options.audit_path));
   if (!options.trajectory_path.empty()) impl->trajectory = TRY(Trajectory::open(options.trajectory_path));
-  impl->chat = TRY(ChatClient::create(ChatClientOptions{.endpoint = options.endpoint, .model = options.model,
-                                                        .api_key = options.api_key, .stream = options.stream}));
+  impl->chat = TRY(ChatClient::create(ChatClientOptions{.endpoint = options.endpoint,
+                                                        .model = options.model,
+                                                        .api_key = options.api_key,
+                                                        .stream = options.stream}));
   SandboxProfile profile{.mode = options.sandbox_mode, .workspace = options.workspace};
   impl->sandbox = TRY(probe_sandbox(profile));
   std::vector<PluginManifest> plugins;
@@ -149,29 +187,43 @@ Result<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
     m.sandbox.mode = options.sandbox_mode;
     plugins.push_back(std::move(m));
   }
-  PluginHostOptions ho{.workspace = options.workspace, .plugins_dir = options.plugins_dir,
-                       .sandbox = profile, .tool_timeout_ms = options.tool_timeout_ms, .on_event = options.on_notice};
+  PluginHostOptions ho{.workspace = options.workspace,
+                       .plugins_dir = options.plugins_dir,
+                       .sandbox = profile,
+                       .tool_timeout_ms = options.tool_timeout_ms,
+                       .on_event = options.on_notice};
   if (impl->trajectory) {
     json manifests = json::array();
     for (const auto& m : plugins) manifests.push_back(m.to_json());
-    impl->trajectory->write({{"type", "meta"}, {"version", 1}, {"endpoint", options.endpoint}, {"model", options.model},
-                             {"workspace", options.workspace}, {"plugins", options.plugins}, {"plugins_dir", options.plugins_dir},
+    impl->trajectory->write({{"type", "meta"},
+                             {"version", 1},
+                             {"endpoint", options.endpoint},
+                             {"model", options.model},
+                             {"workspace", options.workspace},
+                             {"plugins", options.plugins},
+                             {"plugins_dir", options.plugins_dir},
                              {"sandbox", impl->sandbox.summary()}});
   }
   impl->host = TRY(PluginHost::create(ho, std::move(plugins)));
   for (const auto& s : impl->host->status())
-    if (s.state != "running") impl->notice(fmt::format("plugin '{}' is {}: {}", s.name, s.state, s.last_error));
-  const std::string system = !options.system_prompt.empty()
-                                 ? options.system_prompt
-                                 : fmt::format("You are an agent working in the directory {}. Use the tools to act; tool "
-                                               "results that start with 'Error:' explain what went wrong. When the task is "
-                                               "done, answer without calling tools.", options.workspace);
+    if (s.state != "running")
+      impl->notice(fmt::format("plugin '{}' is {}: {}", s.name, s.state, s.last_error));
+  const std::string system =
+      !options.system_prompt.empty()
+          ? options.system_prompt
+          : fmt::format(
+                "You are an agent working in the directory {}. Use the tools to act; tool "
+                "results that start with 'Error:' explain what went wrong. When the task is "
+                "done, answer without calling tools.",
+                options.workspace);
   impl->messages.push_back({{"role", "system"}, {"content", system}});
   impl->options = std::move(options);
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 
-std::string Agent::sandbox_summary() const { return impl_->sandbox.summary(); }
+std::string Agent::sandbox_summary() const {
+  return impl_->sandbox.summary();
+}
 
 std::vector<std::string> Agent::tool_names() const {
   std::vector<std::string> out;
@@ -199,32 +251,43 @@ Result<AgentResult> Agent::run(const std::string& task) {
     const int step = ++result.steps;
     const json tools = s.tool_specs();
     s.fit_context(tools, step, result);
-    if (s.trajectory) s.trajectory->write({{"type", "model_request"}, {"step", step}, {"body", s.chat->request_body(s.messages, tools)}});
+    if (s.trajectory)
+      s.trajectory->write(
+          {{"type", "model_request"}, {"step", step}, {"body", s.chat->request_body(s.messages, tools)}});
     const size_t request_chars = s.messages.dump().size() + tools.dump().size();
     auto response = s.chat->complete(s.messages, tools, s.options.on_text);
     if (!response.ok()) {
-      if (s.trajectory) s.trajectory->write({{"type", "model_error"}, {"step", step}, {"error", response.status().message()}});
+      if (s.trajectory)
+        s.trajectory->write(
+            {{"type", "model_error"}, {"step", step}, {"error", response.status().message()}});
       return response.status();
     }
     if (s.trajectory)
-      s.trajectory->write({{"type", "model_response"}, {"step", step}, {"message", response->message},
-                           {"finish_reason", response->finish_reason}, {"usage", response->usage},
-                           {"streamed", response->streamed}, {"ms", response->ms}});
+      s.trajectory->write({{"type", "model_response"},
+                           {"step", step},
+                           {"message", response->message},
+                           {"finish_reason", response->finish_reason},
+                           {"usage", response->usage},
+                           {"streamed", response->streamed},
+                           {"ms", response->ms}});
     if (response->usage.is_object()) {
       const int64_t p = response->usage.value("prompt_tokens", int64_t{0});
       result.prompt_tokens += p;
       result.completion_tokens += response->usage.value("completion_tokens", int64_t{0});
-      if (p > 0) s.chars_per_token = std::clamp(static_cast<double>(request_chars) / static_cast<double>(p), 1.0, 8.0);
+      if (p > 0)
+        s.chars_per_token = std::clamp(static_cast<double>(request_chars) / static_cast<double>(p), 1.0, 8.0);
     }
     json msg = response->message;
     msg["role"] = "assistant";
     msg.erase("reasoning_content");  // DeepSeek asks clients not to send it back
-    json calls = msg.contains("tool_calls") && msg["tool_calls"].is_array() ? msg["tool_calls"] : json::array();
+    json calls =
+        msg.contains("tool_calls") && msg["tool_calls"].is_array() ? msg["tool_calls"] : json::array();
     for (size_t i = 0; i < calls.size(); ++i) {
       if (!calls[i].is_object()) calls[i] = json::object();
       if (calls[i].value("id", "").empty()) calls[i]["id"] = fmt::format("call_{}_{}", step, i);
       calls[i]["type"] = "function";
-      if (!calls[i].contains("function") || !calls[i]["function"].is_object()) calls[i]["function"] = {{"name", ""}, {"arguments", ""}};
+      if (!calls[i].contains("function") || !calls[i]["function"].is_object())
+        calls[i]["function"] = {{"name", ""}, {"arguments", ""}};
     }
     if (calls.empty()) {
       msg.erase("tool_calls");
@@ -241,14 +304,16 @@ Result<AgentResult> Agent::run(const std::string& task) {
       s.messages.push_back({{"role", "tool"}, {"tool_call_id", o.id}, {"content", o.text}});
     }
     s.prompt_tokens = result.prompt_tokens;
-    if (s.options.max_total_tokens > 0 && s.prompt_tokens + result.completion_tokens + s.completion_tokens >= s.options.max_total_tokens) {
+    if (s.options.max_total_tokens > 0 &&
+        s.prompt_tokens + result.completion_tokens + s.completion_tokens >= s.options.max_total_tokens) {
       result.status = "budget_limit";
       s.notice(fmt::format("stopping: token budget of {} reached", s.options.max_total_tokens));
       break;
     }
   }
   s.completion_tokens += result.completion_tokens;
-  if (s.trajectory) s.trajectory->write({{"type", "final"}, {"result", result.to_json()}, {"ms", timer.elapsed_ms()}});
+  if (s.trajectory)
+    s.trajectory->write({{"type", "final"}, {"result", result.to_json()}, {"ms", timer.elapsed_ms()}});
   return result;
 }
 

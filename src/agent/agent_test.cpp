@@ -28,22 +28,31 @@ std::string temp_dir() {
 
 TEST(Schema, AcceptsValidArgumentsAndNamesEachViolation) {
   json s = {{"type", "object"},
-            {"properties", {{"path", {{"type", "string"}}}, {"n", {{"type", "integer"}, {"minimum", 1}}},
-                            {"mode", {{"enum", {"a", "b"}}}}, {"tags", {{"type", "array"}, {"items", {{"type", "string"}}}}}}},
+            {"properties",
+             {{"path", {{"type", "string"}}},
+              {"n", {{"type", "integer"}, {"minimum", 1}}},
+              {"mode", {{"enum", {"a", "b"}}}},
+              {"tags", {{"type", "array"}, {"items", {{"type", "string"}}}}}}},
             {"required", {"path"}},
             {"additionalProperties", false}};
   EXPECT_TRUE(validate_json(s, {{"path", "x"}, {"n", 2}, {"mode", "a"}, {"tags", {"u"}}}).ok());
-  EXPECT_NE(validate_json(s, json::object()).message().find("missing required property 'path'"), std::string::npos);
-  EXPECT_NE(validate_json(s, {{"path", 1}}).message().find("arguments.path: expected string"), std::string::npos);
-  EXPECT_NE(validate_json(s, {{"path", "x"}, {"n", 0}}).message().find("below the minimum"), std::string::npos);
+  EXPECT_NE(validate_json(s, json::object()).message().find("missing required property 'path'"),
+            std::string::npos);
+  EXPECT_NE(validate_json(s, {{"path", 1}}).message().find("arguments.path: expected string"),
+            std::string::npos);
+  EXPECT_NE(validate_json(s, {{"path", "x"}, {"n", 0}}).message().find("below the minimum"),
+            std::string::npos);
   EXPECT_NE(validate_json(s, {{"path", "x"}, {"mode", "c"}}).message().find("not one of"), std::string::npos);
-  EXPECT_NE(validate_json(s, {{"path", "x"}, {"tags", {1}}}).message().find("arguments.tags[0]"), std::string::npos);
-  EXPECT_NE(validate_json(s, {{"path", "x"}, {"pth", 1}}).message().find("unknown property 'pth'"), std::string::npos);
+  EXPECT_NE(validate_json(s, {{"path", "x"}, {"tags", {1}}}).message().find("arguments.tags[0]"),
+            std::string::npos);
+  EXPECT_NE(validate_json(s, {{"path", "x"}, {"pth", 1}}).message().find("unknown property 'pth'"),
+            std::string::npos);
 }
 
 TEST(Patch, AppliesHunksAtShiftedPositionsAndRejectsWhatDoesNotMatch) {
   const std::string orig = "a\nb\nc\nd\ne\nf\n";
-  auto files = parse_unified_diff("--- a/x\n+++ b/x\n@@ -2,2 +2,2 @@\n b\n-c\n+C\n@@ -5,1 +5,2 @@\n e\n+e2\n");
+  auto files =
+      parse_unified_diff("--- a/x\n+++ b/x\n@@ -2,2 +2,2 @@\n b\n-c\n+C\n@@ -5,1 +5,2 @@\n e\n+e2\n");
   ASSERT_TRUE(files.ok()) << files.status().to_string();
   auto out = apply_hunks("z\n" + orig, (*files)[0]);  // one line earlier in the file than the diff says
   ASSERT_TRUE(out.ok()) << out.status().to_string();
@@ -51,7 +60,7 @@ TEST(Patch, AppliesHunksAtShiftedPositionsAndRejectsWhatDoesNotMatch) {
   auto bad = apply_hunks("q\nr\n", (*files)[0]);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("hunk 1"), std::string::npos);
-  EXPECT_FALSE(parse_unified_diff("@@ -1 +1 @@\n-a\n+b\n").ok());                 // no file header
+  EXPECT_FALSE(parse_unified_diff("@@ -1 +1 @@\n-a\n+b\n").ok());                    // no file header
   EXPECT_FALSE(parse_unified_diff("--- a/x\n+++ b/x\n@@ -1,2 +1,1 @@\n-a\n").ok());  // counts disagree
 }
 
@@ -61,7 +70,8 @@ TEST(Patch, RandomEditsRoundTrip) {
   Rng rng(seed);
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<std::string> lines;
-    for (int i = 0; i < 30; ++i) lines.push_back("line " + std::to_string(i) + " " + std::to_string(rng.below(1000)));
+    for (int i = 0; i < 30; ++i)
+      lines.push_back("line " + std::to_string(i) + " " + std::to_string(rng.below(1000)));
     const int at = static_cast<int>(rng.below(27));
     std::string diff = "--- a/f\n+++ b/f\n" + fmt::format("@@ -{},3 +{},3 @@\n", at + 1, at + 1);
     diff += " " + lines[at] + "\n-" + lines[at + 1] + "\n+changed\n " + lines[at + 2] + "\n";
@@ -80,27 +90,41 @@ TEST(Patch, RandomEditsRoundTrip) {
 
 TEST(Policy, FirstMatchingRuleWinsThenThePluginDefault) {
   auto p = Policy::from_json(
-      {{"rule", {{{"tool", "shell__run"}, {"args", {{"command", "*rm -rf*"}}}, {"decision", "deny"}, {"reason", "no"}},
-                 {{"tool", "shell__*"}, {"args", {{"command", "re:^git (status|log)"}}}, {"decision", "allow"}},
-                 {{"tool", "files__write_*"}, {"decision", "ask"}}}}},
+      {{"rule",
+        {{{"tool", "shell__run"},
+          {"args", {{"command", "*rm -rf*"}}},
+          {"decision", "deny"},
+          {"reason", "no"}},
+         {{"tool", "shell__*"}, {"args", {{"command", "re:^git (status|log)"}}}, {"decision", "allow"}},
+         {{"tool", "files__write_*"}, {"decision", "ask"}}}}},
       "test");
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->decide("shell__run", {{"command", "cd x && rm -rf /"}}, "allow").decision, Decision::kDeny);
   EXPECT_EQ(p->decide("shell__run", {{"command", "git status"}}, "deny").decision, Decision::kAllow);
-  EXPECT_EQ(p->decide("shell__run", {{"command", "make"}}, "deny").decision, Decision::kDeny);  // plugin default
+  EXPECT_EQ(p->decide("shell__run", {{"command", "make"}}, "deny").decision,
+            Decision::kDeny);  // plugin default
   EXPECT_EQ(p->decide("files__write_file", json::object(), "allow").decision, Decision::kAsk);
-  EXPECT_NE(p->decide("shell__run", {{"command", "rm -rf x"}}, "allow").why.find("rule 1 (no)"), std::string::npos);
+  EXPECT_NE(p->decide("shell__run", {{"command", "rm -rf x"}}, "allow").why.find("rule 1 (no)"),
+            std::string::npos);
   EXPECT_FALSE(Policy::from_json({{"rule", {{{"tool", "x"}, {"decision", "perhaps"}}}}}, "t").ok());
-  EXPECT_FALSE(Policy::from_json({{"rule", {{{"tool", "x"}, {"args", {{"a", "re:("}}}, {"decision", "deny"}}}}}, "t").ok());
+  EXPECT_FALSE(
+      Policy::from_json({{"rule", {{{"tool", "x"}, {"args", {{"a", "re:("}}}, {"decision", "deny"}}}}}, "t")
+          .ok());
 }
 
 TEST(ChatStream, ReassemblesFragmentedSseAndPlainJson) {
   const std::string sse =
       "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n"
       "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n"
-      "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"a__b\",\"arguments\":\"{\\\"x\\\"\"}}]}}]}\n\n"
-      "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"c2\",\"function\":{\"name\":\"c__d\",\"arguments\":\"{}\"}}]}}]}\n\n"
-      "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n"
+      "data: "
+      "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"a__b\","
+      "\"arguments\":\"{\\\"x\\\"\"}}]}}]}\n\n"
+      "data: "
+      "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"c2\",\"function\":{\"name\":\"c__d\","
+      "\"arguments\":\"{}\"}}]}}]}\n\n"
+      "data: "
+      "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]},"
+      "\"finish_reason\":\"tool_calls\"}]}\n\n"
       "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n"
       "data: [DONE]\n\n";
   const uint64_t seed = static_cast<uint64_t>(::time(nullptr));
@@ -124,7 +148,9 @@ TEST(ChatStream, ReassemblesFragmentedSseAndPlainJson) {
     EXPECT_EQ(r->usage["prompt_tokens"], 5);
   }
   ChatStreamParser plain({});
-  ASSERT_TRUE(plain.feed(R"({"choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})").ok());
+  ASSERT_TRUE(
+      plain.feed(R"({"choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})")
+          .ok());
   auto r = plain.finish(false);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->streamed);
@@ -145,7 +171,8 @@ TEST(Workspace, ConfinesDotDotSymlinksAndAbsolutePaths) {
   ASSERT_TRUE(w.ok());
   EXPECT_TRUE(w->write("a/b/c.txt", "hello").ok());
   EXPECT_EQ(w->read(ws + "/a/b/c.txt", 100).value_or(""), "hello");
-  for (const std::string& bad : std::vector<std::string>{"../x", "a/../../x", "out/secret", "pw", "/etc/passwd", outside + "/secret"})
+  for (const std::string& bad :
+       std::vector<std::string>{"../x", "a/../../x", "out/secret", "pw", "/etc/passwd", outside + "/secret"})
     EXPECT_FALSE(w->read(bad, 100).ok()) << bad;
   EXPECT_FALSE(w->write("out/planted", "x").ok());
   EXPECT_FALSE(w->write("../planted", "x").ok());
@@ -155,9 +182,10 @@ TEST(Workspace, ConfinesDotDotSymlinksAndAbsolutePaths) {
 
 TEST(Manifest, ParsesTomlAndRejectsBadFieldsByName) {
   const std::string dir = temp_dir();
-  std::ofstream(dir + "/files.toml") << "command = \"fathom\"\nargs = [\"mcp\", \"files\", \"--workspace\", \"${workspace}\"]\n"
-                                        "tool_timeout_s = 5\n[sandbox]\nnetwork = true\npids_max = 64\n"
-                                        "[permissions]\ndefault = \"deny\"\ntools = { read_file = \"allow\" }\n";
+  std::ofstream(dir + "/files.toml")
+      << "command = \"fathom\"\nargs = [\"mcp\", \"files\", \"--workspace\", \"${workspace}\"]\n"
+         "tool_timeout_s = 5\n[sandbox]\nnetwork = true\npids_max = 64\n"
+         "[permissions]\ndefault = \"deny\"\ntools = { read_file = \"allow\" }\n";
   auto m = load_manifest(dir + "/files.toml", "/work/x");
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->name, "files");

@@ -84,13 +84,15 @@ Result<std::vector<BuildCommand>> load_build_commands(const BuildPluginOptions& 
       b.description = c->get("description") ? c->get("description")->value_or(std::string()) : "";
       if (c->get("timeout_s")) b.timeout_ms = c->get("timeout_s")->value_or(int64_t{600}) * 1000;
       if (!valid_name(b.name) || b.run.empty())
-        return invalid_argument("{}: command[{}] needs a name ([A-Za-z0-9_-], at most 40) and a run string", o.config, i);
+        return invalid_argument("{}: command[{}] needs a name ([A-Za-z0-9_-], at most 40) and a run string",
+                                o.config, i);
       out.push_back(b);
     }
   }
   out.insert(out.end(), o.commands.begin(), o.commands.end());
   for (const auto& c : out)
-    if (!valid_name(c.name)) return invalid_argument("build command name '{}' must be [A-Za-z0-9_-]{{1,40}}", c.name);
+    if (!valid_name(c.name))
+      return invalid_argument("build command name '{}' must be [A-Za-z0-9_-]{{1,40}}", c.name);
   return out;
 }
 
@@ -99,15 +101,17 @@ std::vector<ServerTool> build_tools(const BuildPluginOptions& o, const std::vect
   std::string names;
   for (const auto& c : commands) {
     names += (names.empty() ? "" : ", ") + c.name;
-    tools.push_back({"run_" + c.name,
-                     (c.description.empty() ? "Run the configured command" : c.description) + ": `" + c.run +
-                         "` in the workspace; returns exit status, diagnostics and output.",
-                     {{"type", "object"},
-                      {"properties", {{"args", {{"type", "string"}, {"description", "extra arguments appended"}}}}},
-                      {"additionalProperties", false}},
-                     [o, c](const json& a, ToolContext& ctx) { return run_build(o, c, a, ctx); }});
+    tools.push_back(
+        {"run_" + c.name,
+         (c.description.empty() ? "Run the configured command" : c.description) + ": `" + c.run +
+             "` in the workspace; returns exit status, diagnostics and output.",
+         {{"type", "object"},
+          {"properties", {{"args", {{"type", "string"}, {"description", "extra arguments appended"}}}}},
+          {"additionalProperties", false}},
+         [o, c](const json& a, ToolContext& ctx) { return run_build(o, c, a, ctx); }});
   }
-  tools.push_back({"list_commands", "List the configured build/lint commands.",
+  tools.push_back({"list_commands",
+                   "List the configured build/lint commands.",
                    {{"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}},
                    [commands](const json&, ToolContext&) {
                      std::string out;

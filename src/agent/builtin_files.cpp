@@ -27,7 +27,8 @@ int64_t count_lines(std::string_view s) {
 }
 
 int64_t line_of(std::string_view text, size_t offset) {
-  return 1 + static_cast<int64_t>(std::count(text.begin(), text.begin() + static_cast<int64_t>(offset), '\n'));
+  return 1 +
+         static_cast<int64_t>(std::count(text.begin(), text.begin() + static_cast<int64_t>(offset), '\n'));
 }
 
 ToolOutput read_file(const Workspace& ws, const FilesPluginOptions& o, const json& a) {
@@ -38,7 +39,8 @@ ToolOutput read_file(const Workspace& ws, const FilesPluginOptions& o, const jso
   const int64_t first = a.value("start_line", int64_t{1});
   const int64_t last = a.value("end_line", total);
   if (first < 1 || (total > 0 && first > total) || last < first)
-    return tool_error(fmt::format("line range {}-{} is outside {} (which has {} lines)", first, last, path, total));
+    return tool_error(
+        fmt::format("line range {}-{} is outside {} (which has {} lines)", first, last, path, total));
   std::string out;
   int64_t line = 1;
   size_t pos = 0;
@@ -50,15 +52,18 @@ ToolOutput read_file(const Workspace& ws, const FilesPluginOptions& o, const jso
     ++line;
   }
   if (out.size() > o.max_read_bytes)
-    return tool_error(fmt::format("lines {}-{} of {} are {} bytes, over the {} byte limit; read a smaller range", first,
-                                  std::min(last, total), path, out.size(), o.max_read_bytes));
-  return ToolOutput{.text = fmt::format("{} (lines {}-{} of {})\n{}", path, first, std::min(last, total), total, out)};
+    return tool_error(
+        fmt::format("lines {}-{} of {} are {} bytes, over the {} byte limit; read a smaller range", first,
+                    std::min(last, total), path, out.size(), o.max_read_bytes));
+  return ToolOutput{
+      .text = fmt::format("{} (lines {}-{} of {})\n{}", path, first, std::min(last, total), total, out)};
 }
 
 ToolOutput write_file(const Workspace& ws, const json& a) {
   const std::string path = a["path"], content = a["content"];
   if (Status s = ws.write(path, content); !s.ok()) return tool_error(s.message());
-  return ToolOutput{.text = fmt::format("wrote {} bytes ({} lines) to {}", content.size(), count_lines(content), path)};
+  return ToolOutput{
+      .text = fmt::format("wrote {} bytes ({} lines) to {}", content.size(), count_lines(content), path)};
 }
 
 Status walk(const Workspace& ws, const std::string& rel, int depth, bool recursive,
@@ -100,9 +105,12 @@ ToolOutput list_directory(const Workspace& ws, const json& a) {
   Status s = walk(ws, *rel, 0, recursive, [&](const std::string& p, const struct stat& st) {
     if (n >= max_entries) return !(more = true);
     ++n;
-    if (S_ISDIR(st.st_mode)) out += p + "/\n";
-    else if (S_ISLNK(st.st_mode)) out += p + " -> (symlink)\n";
-    else out += fmt::format("{}  ({} bytes)\n", p, st.st_size);
+    if (S_ISDIR(st.st_mode))
+      out += p + "/\n";
+    else if (S_ISLNK(st.st_mode))
+      out += p + " -> (symlink)\n";
+    else
+      out += fmt::format("{}  ({} bytes)\n", p, st.st_size);
     return true;
   });
   if (!s.ok()) return tool_error(s.message());
@@ -121,8 +129,8 @@ ToolOutput search(const Workspace& ws, const FilesPluginOptions& o, const json& 
   if (regex) {
     int err;
     PCRE2_SIZE where;
-    re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_MATCH_INVALID_UTF,
-                       &err, &where, nullptr);
+    re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                       PCRE2_UTF | PCRE2_MATCH_INVALID_UTF, &err, &where, nullptr);
     if (!re) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
@@ -135,17 +143,21 @@ ToolOutput search(const Workspace& ws, const FilesPluginOptions& o, const json& 
   bool more = false;
   auto search_file = [&](const std::string& p) {
     auto text = ws.read(p, o.max_read_bytes * 16);
-    if (!text.ok() || text->substr(0, 4096).find('\0') != std::string::npos) return true;  // binary or unreadable
+    if (!text.ok() || text->substr(0, 4096).find('\0') != std::string::npos)
+      return true;  // binary or unreadable
     int64_t line = 1;
     for (size_t pos = 0; pos < text->size(); ++line) {
       size_t nl = text->find('\n', pos);
-      std::string_view l = std::string_view(*text).substr(pos, (nl == std::string::npos ? text->size() : nl) - pos);
-      bool hit = re ? pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(l.data()), l.size(), 0, 0, md, nullptr) >= 0
-                    : l.find(pattern) != std::string_view::npos;
+      std::string_view l =
+          std::string_view(*text).substr(pos, (nl == std::string::npos ? text->size() : nl) - pos);
+      bool hit =
+          re ? pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(l.data()), l.size(), 0, 0, md, nullptr) >= 0
+             : l.find(pattern) != std::string_view::npos;
       if (hit) {
         if (hits >= max_results) return !(more = true);
         ++hits;
-        out += fmt::format("{}:{}: {}\n", p, line, l.size() > 300 ? std::string(l.substr(0, 300)) + "..." : std::string(l));
+        out += fmt::format("{}:{}: {}\n", p, line,
+                           l.size() > 300 ? std::string(l.substr(0, 300)) + "..." : std::string(l));
       }
       if (nl == std::string::npos) break;
       pos = nl + 1;
@@ -178,22 +190,26 @@ ToolOutput edit_file(const Workspace& ws, const FilesPluginOptions& o, const jso
   auto text = ws.read(path, o.max_read_bytes * 16);
   if (!text.ok()) return tool_error(text.status().message());
   std::vector<size_t> at;
-  for (size_t p = text->find(old_text); p != std::string::npos; p = text->find(old_text, p + old_text.size())) at.push_back(p);
+  for (size_t p = text->find(old_text); p != std::string::npos; p = text->find(old_text, p + old_text.size()))
+    at.push_back(p);
   if (at.empty()) {
     std::string hint;
     const std::string first_line(trim(old_text.substr(0, old_text.find('\n'))));
     if (!first_line.empty())
       if (size_t p = text->find(first_line); p != std::string::npos)
-        hint = fmt::format(" (its first line, ignoring indentation, appears at line {}: check whitespace and the "
-                           "following lines)", line_of(*text, p));
+        hint = fmt::format(
+            " (its first line, ignoring indentation, appears at line {}: check whitespace and the "
+            "following lines)",
+            line_of(*text, p));
     return tool_error(fmt::format("old_text was not found in {}{}", path, hint));
   }
   if (at.size() > 1 && !replace_all) {
     std::vector<std::string> lines;
     for (size_t p : at) lines.push_back(std::to_string(line_of(*text, p)));
-    return tool_error(fmt::format("old_text matches {} places in {} (lines {}); include more surrounding lines to make "
-                                  "it unique, or set replace_all",
-                                  at.size(), path, join(lines, ", ")));
+    return tool_error(
+        fmt::format("old_text matches {} places in {} (lines {}); include more surrounding lines to make "
+                    "it unique, or set replace_all",
+                    at.size(), path, join(lines, ", ")));
   }
   std::string out;
   size_t prev = 0;
@@ -204,14 +220,15 @@ ToolOutput edit_file(const Workspace& ws, const FilesPluginOptions& o, const jso
   }
   out.append(*text, prev, std::string::npos);
   if (Status s = ws.write(path, out); !s.ok()) return tool_error(s.message());
-  return ToolOutput{.text = fmt::format("replaced {} occurrence{} in {} (at line {})", at.size(), at.size() == 1 ? "" : "s",
-                                        path, line_of(*text, at[0]))};
+  return ToolOutput{.text = fmt::format("replaced {} occurrence{} in {} (at line {})", at.size(),
+                                        at.size() == 1 ? "" : "s", path, line_of(*text, at[0]))};
 }
 
 ToolOutput apply_patch(const Workspace& ws, const FilesPluginOptions& o, const json& a) {
   auto files = parse_unified_diff(a["patch"].get<std::string>());
   if (!files.ok()) return tool_error(files.status().message());
-  std::vector<std::pair<std::string, std::optional<std::string>>> results;  // path -> new text (nullopt: delete)
+  std::vector<std::pair<std::string, std::optional<std::string>>>
+      results;  // path -> new text (nullopt: delete)
   for (const auto& f : *files) {
     std::string original;
     if (!f.old_path.empty()) {
@@ -243,7 +260,10 @@ ToolOutput apply_patch(const Workspace& ws, const FilesPluginOptions& o, const j
 }
 
 json schema(json props, std::vector<std::string> required) {
-  return {{"type", "object"}, {"properties", std::move(props)}, {"required", required}, {"additionalProperties", false}};
+  return {{"type", "object"},
+          {"properties", std::move(props)},
+          {"required", required},
+          {"additionalProperties", false}};
 }
 
 }  // namespace
@@ -256,23 +276,28 @@ Result<std::vector<ServerTool>> files_tools(const FilesPluginOptions& o) {
       {"read_file", "Read a text file in the workspace, optionally a 1-based inclusive line range.",
        schema({{"path", str}, {"start_line", integer}, {"end_line", integer}}, {"path"}),
        [ws, o](const json& a, ToolContext&) { return read_file(*ws, o, a); }},
-      {"list_directory", "List a directory of the workspace (recursive optional; skips .git and node_modules).",
+      {"list_directory",
+       "List a directory of the workspace (recursive optional; skips .git and node_modules).",
        schema({{"path", str}, {"recursive", {{"type", "boolean"}}}, {"max_entries", integer}}, {}),
        [ws](const json& a, ToolContext&) { return list_directory(*ws, a); }},
       {"search", "Search text files under a path for a literal string (or a PCRE2 regex with regex=true).",
-       schema({{"pattern", str}, {"path", str}, {"regex", {{"type", "boolean"}}}, {"max_results", integer}}, {"pattern"}),
+       schema({{"pattern", str}, {"path", str}, {"regex", {{"type", "boolean"}}}, {"max_results", integer}},
+              {"pattern"}),
        [ws, o](const json& a, ToolContext&) { return search(*ws, o, a); }},
   };
   if (o.read_only) return tools;
-  tools.push_back({"write_file", "Create or overwrite a file in the workspace (parent directories are created).",
+  tools.push_back({"write_file",
+                   "Create or overwrite a file in the workspace (parent directories are created).",
                    schema({{"path", str}, {"content", str}}, {"path", "content"}),
                    [ws](const json& a, ToolContext&) { return write_file(*ws, a); }});
-  tools.push_back({"edit_file",
-                   "Replace old_text with new_text in a file. old_text must match exactly once unless replace_all.",
-                   schema({{"path", str}, {"old_text", str}, {"new_text", str}, {"replace_all", {{"type", "boolean"}}}},
-                          {"path", "old_text", "new_text"}),
-                   [ws, o](const json& a, ToolContext&) { return edit_file(*ws, o, a); }});
-  tools.push_back({"apply_patch", "Apply a unified diff (one or more files; all hunks apply or nothing changes).",
+  tools.push_back(
+      {"edit_file",
+       "Replace old_text with new_text in a file. old_text must match exactly once unless replace_all.",
+       schema({{"path", str}, {"old_text", str}, {"new_text", str}, {"replace_all", {{"type", "boolean"}}}},
+              {"path", "old_text", "new_text"}),
+       [ws, o](const json& a, ToolContext&) { return edit_file(*ws, o, a); }});
+  tools.push_back({"apply_patch",
+                   "Apply a unified diff (one or more files; all hunks apply or nothing changes).",
                    schema({{"patch", str}}, {"patch"}),
                    [ws, o](const json& a, ToolContext&) { return apply_patch(*ws, o, a); }});
   return tools;

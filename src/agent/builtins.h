@@ -17,8 +17,8 @@ struct ShellPluginOptions {
   int64_t timeout_ms = 120000;          // per call unless the call asks for less
   size_t output_cap_bytes = 64 * 1024;  // stdout + stderr per call
   int64_t cpu_seconds = 0;
-  bool network = false;                 // for the per-call sandbox outside a plugin sandbox
-  std::vector<std::string> env_keep;    // environment variables passed to commands
+  bool network = false;               // for the per-call sandbox outside a plugin sandbox
+  std::vector<std::string> env_keep;  // environment variables passed to commands
 };
 std::vector<ServerTool> shell_tools(const ShellPluginOptions& options);
 
@@ -31,8 +31,8 @@ Result<std::vector<ServerTool>> files_tools(const FilesPluginOptions& options);
 
 struct SqlitePluginOptions {
   std::string workspace = ".";
-  std::string database;        // inside the workspace unless absolute
-  bool allow_writes = false;   // the manifest grants writes
+  std::string database;       // inside the workspace unless absolute
+  bool allow_writes = false;  // the manifest grants writes
   int64_t max_rows = 100;
   int64_t timeout_ms = 30000;
 };
@@ -50,7 +50,8 @@ struct BuildPluginOptions {
 };
 // Commands from the config file (when given) followed by options.commands.
 Result<std::vector<BuildCommand>> load_build_commands(const BuildPluginOptions& options);
-std::vector<ServerTool> build_tools(const BuildPluginOptions& options, const std::vector<BuildCommand>& commands);
+std::vector<ServerTool> build_tools(const BuildPluginOptions& options,
+                                    const std::vector<BuildCommand>& commands);
 
 // `echo` (returns its text) and `sleep`: for benchmarks and protocol tests.
 std::vector<ServerTool> echo_tools();

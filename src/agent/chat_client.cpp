@@ -35,12 +35,15 @@ Status ChatStreamParser::handle_event(const std::string& data) {
     return {};
   }
   json chunk = json::parse(data, nullptr, false);
-  if (chunk.is_discarded()) return corrupt("endpoint sent an SSE event that is not JSON: {}", data.substr(0, 200));
-  if (chunk.contains("error")) return unavailable("endpoint error in stream: {}", chunk["error"].dump().substr(0, 500));
+  if (chunk.is_discarded())
+    return corrupt("endpoint sent an SSE event that is not JSON: {}", data.substr(0, 200));
+  if (chunk.contains("error"))
+    return unavailable("endpoint error in stream: {}", chunk["error"].dump().substr(0, 500));
   if (chunk.contains("usage") && !chunk["usage"].is_null()) usage_ = chunk["usage"];
   if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) return {};
   const json& choice = chunk["choices"][0];
-  if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) finish_reason_ = choice["finish_reason"];
+  if (choice.contains("finish_reason") && choice["finish_reason"].is_string())
+    finish_reason_ = choice["finish_reason"];
   const json delta = choice.value("delta", json::object());
   if (delta.contains("content") && delta["content"].is_string()) {
     const std::string& t = delta["content"].get_ref<const std::string&>();
@@ -54,13 +57,16 @@ Status ChatStreamParser::handle_event(const std::string& data) {
       const size_t index = tc.value("index", tool_calls_.size());
       if (index > 128) return corrupt("endpoint sent tool call index {}", index);
       while (tool_calls_.size() <= index)
-        tool_calls_.push_back({{"id", ""}, {"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
+        tool_calls_.push_back(
+            {{"id", ""}, {"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
       json& dst = tool_calls_[index];
       if (tc.contains("id") && tc["id"].is_string()) dst["id"] = tc["id"];
       const json fn = tc.value("function", json::object());
-      if (fn.contains("name") && fn["name"].is_string()) dst["function"]["name"] = dst["function"]["name"].get<std::string>() + fn["name"].get<std::string>();
+      if (fn.contains("name") && fn["name"].is_string())
+        dst["function"]["name"] = dst["function"]["name"].get<std::string>() + fn["name"].get<std::string>();
       if (fn.contains("arguments") && fn["arguments"].is_string())
-        dst["function"]["arguments"] = dst["function"]["arguments"].get<std::string>() + fn["arguments"].get<std::string>();
+        dst["function"]["arguments"] =
+            dst["function"]["arguments"].get<std::string>() + fn["arguments"].get<std::string>();
     }
   }
   return {};
@@ -71,7 +77,8 @@ Result<ChatResponse> ChatStreamParser::finish(bool is_sse) {
   if (is_sse || saw_event_) {
     if (!buf_.empty()) TRY(feed("\n"));
     r.streamed = true;
-    r.message = {{"role", "assistant"}, {"content", content_.empty() && !tool_calls_.empty() ? json() : json(content_)}};
+    r.message = {{"role", "assistant"},
+                 {"content", content_.empty() && !tool_calls_.empty() ? json() : json(content_)}};
     if (!reasoning_.empty()) r.message["reasoning_content"] = reasoning_;
     if (!tool_calls_.empty()) r.message["tool_calls"] = tool_calls_;
     r.finish_reason = finish_reason_;
@@ -81,7 +88,8 @@ Result<ChatResponse> ChatStreamParser::finish(bool is_sse) {
   json j = json::parse(body_, nullptr, false);
   if (j.is_discarded()) return corrupt("endpoint answer is neither SSE nor JSON: {}", body_.substr(0, 300));
   if (j.contains("error")) return unavailable("endpoint error: {}", j["error"].dump().substr(0, 500));
-  if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() || !j["choices"][0].contains("message"))
+  if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() ||
+      !j["choices"][0].contains("message"))
     return corrupt("endpoint answer has no choices[0].message: {}", body_.substr(0, 300));
   r.message = j["choices"][0]["message"];
   r.finish_reason = j["choices"][0].value("finish_reason", "");
@@ -104,7 +112,8 @@ Result<std::unique_ptr<ChatClient>> ChatClient::create(ChatClientOptions options
   auto impl = std::make_unique<Impl>();
   const std::string& url = options.endpoint;
   const size_t scheme_end = url.find("://");
-  if (scheme_end == std::string::npos || (url.substr(0, scheme_end) != "http" && url.substr(0, scheme_end) != "https"))
+  if (scheme_end == std::string::npos ||
+      (url.substr(0, scheme_end) != "http" && url.substr(0, scheme_end) != "https"))
     return invalid_argument("--endpoint '{}' must start with http:// or https://", url);
   const size_t path_start = url.find('/', scheme_end + 3);
   impl->host = url.substr(0, path_start);
@@ -178,8 +187,9 @@ Result<ChatResponse> ChatClient::complete(const json& messages, const json& tool
       last = unavailable("endpoint {}{} answered HTTP {}: {}", impl_->host, impl_->path, status,
                          std::string(trim(error_body)).substr(0, 500));
       if (status == 429 || status >= 500) continue;
-      return Status(status == 401 || status == 403 ? StatusCode::kPermissionDenied : StatusCode::kInvalidArgument,
-                    last.message());
+      return Status(
+          status == 401 || status == 403 ? StatusCode::kPermissionDenied : StatusCode::kInvalidArgument,
+          last.message());
     }
     auto r = parser.finish(is_sse);
     if (!r.ok()) return r.status();

@@ -17,7 +17,7 @@ namespace fathom::agent {
 struct ChatClientOptions {
   std::string endpoint;  // base URL, e.g. http://127.0.0.1:8080/v1 (…/chat/completions is appended)
   std::string model;
-  std::string api_key;   // sent as a Bearer token when not empty
+  std::string api_key;  // sent as a Bearer token when not empty
   bool stream = true;
   int timeout_s = 600;
   int retries = 3;
@@ -28,8 +28,8 @@ struct ChatClientOptions {
 struct ChatResponse {
   nlohmann::json message;  // {"role":"assistant","content":...,"tool_calls":[...]}
   std::string finish_reason;
-  nlohmann::json usage;    // as the server reported it (may be null)
-  bool streamed = false;   // SSE (false: plain JSON, also when a stream was asked for)
+  nlohmann::json usage;   // as the server reported it (may be null)
+  bool streamed = false;  // SSE (false: plain JSON, also when a stream was asked for)
   double ms = 0;
 };
 

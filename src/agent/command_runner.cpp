@@ -13,9 +13,12 @@ namespace fathom::agent {
 
 std::string CommandResult::render() const {
   std::string s;
-  if (timed_out) s += fmt::format("command timed out after {:.0f} ms and was killed\n", elapsed_ms);
-  else if (cancelled) s += "command cancelled and killed\n";
-  else s += fmt::format("exit status {}\n", exit_status);
+  if (timed_out)
+    s += fmt::format("command timed out after {:.0f} ms and was killed\n", elapsed_ms);
+  else if (cancelled)
+    s += "command cancelled and killed\n";
+  else
+    s += fmt::format("exit status {}\n", exit_status);
   if (truncated) s += "output exceeded the cap; the command was killed and the output truncated\n";
   if (!out.empty()) s += "--- stdout ---\n" + out + (out.back() == '\n' ? "" : "\n");
   if (!err.empty()) s += "--- stderr ---\n" + err + (err.back() == '\n' ? "" : "\n");
@@ -34,7 +37,8 @@ Result<CommandResult> run_command(const CommandSpec& spec, const std::atomic<boo
     r.sandboxed_per_call = true;
   } else {
     if (spec.cpu_seconds > 0) so.rlimits.emplace_back(RLIMIT_CPU, static_cast<long>(spec.cpu_seconds));
-    if (spec.file_size_bytes > 0) so.rlimits.emplace_back(RLIMIT_FSIZE, static_cast<long>(spec.file_size_bytes));
+    if (spec.file_size_bytes > 0)
+      so.rlimits.emplace_back(RLIMIT_FSIZE, static_cast<long>(spec.file_size_bytes));
     so.rlimits.emplace_back(RLIMIT_CORE, 0L);
   }
   Timer t;
@@ -47,7 +51,8 @@ Result<CommandResult> run_command(const CommandSpec& spec, const std::atomic<boo
     proc->kill_tree(SIGKILL);
   };
   while (out_open || err_open) {
-    struct pollfd fds[2] = {{out_open ? proc->stdout_fd() : -1, POLLIN, 0}, {err_open ? proc->stderr_fd() : -1, POLLIN, 0}};
+    struct pollfd fds[2] = {{out_open ? proc->stdout_fd() : -1, POLLIN, 0},
+                            {err_open ? proc->stderr_fd() : -1, POLLIN, 0}};
     ::poll(fds, 2, 100);
     for (int i = 0; i < 2; ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -59,7 +64,9 @@ Result<CommandResult> run_command(const CommandSpec& spec, const std::atomic<boo
       }
       total += static_cast<size_t>(n);
       std::string& dst = i == 0 ? r.out : r.err;
-      const size_t room = spec.output_cap_bytes > r.out.size() + r.err.size() ? spec.output_cap_bytes - r.out.size() - r.err.size() : 0;
+      const size_t room = spec.output_cap_bytes > r.out.size() + r.err.size()
+                              ? spec.output_cap_bytes - r.out.size() - r.err.size()
+                              : 0;
       dst.append(buf, std::min(room, static_cast<size_t>(n)));
       if (total > spec.output_cap_bytes && !r.truncated) stop(&r.truncated);
     }

@@ -60,9 +60,12 @@ Result<std::vector<std::string>> shell_split(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
     if (quote) {
-      if (c == quote) quote = 0;
-      else if (c == '\\' && quote == '"' && i + 1 < s.size()) cur += s[++i];
-      else cur += c;
+      if (c == quote)
+        quote = 0;
+      else if (c == '\\' && quote == '"' && i + 1 < s.size())
+        cur += s[++i];
+      else
+        cur += c;
     } else if (c == '\'' || c == '"') {
       quote = c, in_word = true;
     } else if (c == '\\' && i + 1 < s.size()) {
@@ -85,16 +88,20 @@ void add_install_paths(PluginManifest& m) {
       if (have == p) return;
     m.sandbox.read_only.push_back(p);
   };
-  std::vector<std::string> candidates = {find_in_path(m.command, std::getenv("PATH") ? std::getenv("PATH") : "")};
+  std::vector<std::string> candidates = {
+      find_in_path(m.command, std::getenv("PATH") ? std::getenv("PATH") : "")};
   candidates.insert(candidates.end(), m.args.begin(), m.args.end());
   for (const auto& c : candidates) {
-    if (c.empty() || c[0] != '/' || !path_exists(c) || starts_with(c, "/usr/") || starts_with(c, "/bin/")) continue;
+    if (c.empty() || c[0] != '/' || !path_exists(c) || starts_with(c, "/usr/") || starts_with(c, "/bin/"))
+      continue;
     if (starts_with(c, m.sandbox.workspace + "/")) continue;
     char buf[PATH_MAX];
     if (!::realpath(c.c_str(), buf)) continue;
     std::string real = buf;
-    if (auto nm = real.rfind("/node_modules/"); nm != std::string::npos) add(real.substr(0, nm + 13));
-    else add(is_directory(real) ? real : real);
+    if (auto nm = real.rfind("/node_modules/"); nm != std::string::npos)
+      add(real.substr(0, nm + 13));
+    else
+      add(is_directory(real) ? real : real);
   }
   if (!m.install_dir.empty()) add(m.install_dir);
 }
@@ -103,18 +110,22 @@ Result<PluginManifest> from_json(const json& j, const std::string& source, const
                                  const std::string& workspace) {
   PluginManifest m;
   m.source = source;
-  const std::map<std::string, std::string> vars = {{"workspace", workspace}, {"manifest_dir", dir}, {"fathom", self_executable()}};
+  const std::map<std::string, std::string> vars = {
+      {"workspace", workspace}, {"manifest_dir", dir}, {"fathom", self_executable()}};
   try {
-    static const std::vector<std::string> known = {"name", "command", "args", "env", "env_passthrough", "install_dir",
-                                                   "tool_timeout_s", "enabled", "sandbox", "permissions", "description"};
+    static const std::vector<std::string> known = {
+        "name",           "command", "args",    "env",         "env_passthrough", "install_dir",
+        "tool_timeout_s", "enabled", "sandbox", "permissions", "description"};
     for (const auto& [k, v] : j.items())
       if (std::find(known.begin(), known.end(), k) == known.end())
         return invalid_argument("{}: unknown field '{}' (known: {})", source, k, join(known, ", "));
     m.name = j.value("name", "");
-    if (!j.contains("command") || !j["command"].is_string()) return invalid_argument("{}: 'command' (a string) is required", source);
+    if (!j.contains("command") || !j["command"].is_string())
+      return invalid_argument("{}: 'command' (a string) is required", source);
     m.command = substitute(j["command"], vars);
     if (m.command == "fathom") m.command = self_executable();
-    for (const auto& a : j.value("args", json::array())) m.args.push_back(substitute(a.get<std::string>(), vars));
+    for (const auto& a : j.value("args", json::array()))
+      m.args.push_back(substitute(a.get<std::string>(), vars));
     const json env = j.value("env", json::object());  // items() of a temporary would dangle
     for (const auto& [k, v] : env.items()) m.env[k] = substitute(v.get<std::string>(), vars);
     m.env_passthrough = j.value("env_passthrough", std::vector<std::string>{});
@@ -125,9 +136,11 @@ Result<PluginManifest> from_json(const json& j, const std::string& source, const
     json limits = json::object();
     for (const char* k : {"cpu_seconds", "open_files", "pids_max"})
       if (sb.contains(k)) limits[k] = sb[k];
-    if (sb.contains("address_space_mb")) limits["address_space_bytes"] = sb["address_space_mb"].get<int64_t>() << 20;
+    if (sb.contains("address_space_mb"))
+      limits["address_space_bytes"] = sb["address_space_mb"].get<int64_t>() << 20;
     if (sb.contains("file_size_mb")) limits["file_size_bytes"] = sb["file_size_mb"].get<int64_t>() << 20;
-    for (const char* k : {"cpu_seconds", "open_files", "pids_max", "address_space_mb", "file_size_mb"}) sb.erase(k);
+    for (const char* k : {"cpu_seconds", "open_files", "pids_max", "address_space_mb", "file_size_mb"})
+      sb.erase(k);
     for (const char* k : {"read_only", "read_write"})
       if (sb.contains(k))
         for (auto& p : sb[k]) p = substitute(p.get<std::string>(), vars);
@@ -168,9 +181,17 @@ std::string default_name(const PluginManifest& m) {
 }  // namespace
 
 json PluginManifest::to_json() const {
-  return {{"name", name}, {"command", command}, {"args", args}, {"env", env}, {"env_passthrough", env_passthrough},
-          {"install_dir", install_dir}, {"tool_timeout_ms", tool_timeout_ms}, {"sandbox", sandbox.to_json()},
-          {"permission_default", permission_default}, {"permission_tools", permission_tools}, {"source", source}};
+  return {{"name", name},
+          {"command", command},
+          {"args", args},
+          {"env", env},
+          {"env_passthrough", env_passthrough},
+          {"install_dir", install_dir},
+          {"tool_timeout_ms", tool_timeout_ms},
+          {"sandbox", sandbox.to_json()},
+          {"permission_default", permission_default},
+          {"permission_tools", permission_tools},
+          {"source", source}};
 }
 
 Result<PluginManifest> load_manifest(const std::string& path, const std::string& workspace) {
@@ -207,7 +228,8 @@ Result<PluginManifest> manifest_from_command_line(const std::string& spec, const
   }
   std::vector<std::string> words = TRY(shell_split(rest));
   if (words.empty()) return invalid_argument("--plugin '{}': no command", spec);
-  json j = {{"command", words[0]}, {"args", std::vector<std::string>(words.begin() + 1, words.end())},
+  json j = {{"command", words[0]},
+            {"args", std::vector<std::string>(words.begin() + 1, words.end())},
             {"permissions", {{"default", "allow"}}}};
   PluginManifest m = TRY(from_json(j, "--plugin", ".", workspace));
   if (m.command == self_executable() && m.args.size() >= 2 && m.args[0] == "mcp" &&
@@ -217,8 +239,9 @@ Result<PluginManifest> manifest_from_command_line(const std::string& spec, const
   }
   m.name = name.empty() ? default_name(m) : name;
   if (!valid_plugin_name(m.name))
-    return invalid_argument("--plugin '{}': plugin name '{}' must be 1-32 of [A-Za-z0-9_-] without '__' (use NAME=CMD)", spec,
-                            m.name);
+    return invalid_argument(
+        "--plugin '{}': plugin name '{}' must be 1-32 of [A-Za-z0-9_-] without '__' (use NAME=CMD)", spec,
+        m.name);
   add_install_paths(m);
   return m;
 }

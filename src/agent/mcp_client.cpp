@@ -109,7 +109,9 @@ struct McpClient::Impl {
     fail_all(fmt::format("plugin '{}' broke the protocol: {}", options.name, what));
   }
 
-  void reply(const json& id, json result) { (void)send({{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}}); }
+  void reply(const json& id, json result) {
+    (void)send({{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}});
+  }
   void reply_error(const json& id, int code, const std::string& message) {
     (void)send({{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}});
   }
@@ -145,7 +147,8 @@ struct McpClient::Impl {
       }
       if (p->on_progress) {
         const double progress = params.value("progress", 0.0);
-        const double total = params.contains("total") && params["total"].is_number() ? params["total"].get<double>() : 0.0;
+        const double total =
+            params.contains("total") && params["total"].is_number() ? params["total"].get<double>() : 0.0;
         p->on_progress(progress, total, params.value("message", ""));
       }
     } else if (method == "notifications/message") {
@@ -155,7 +158,8 @@ struct McpClient::Impl {
 
   void handle_response(const json& msg) {
     const json& id = msg["id"];
-    if (!id.is_number_integer()) return protocol_error("response with an id we never sent: " + excerpt(id.dump()));
+    if (!id.is_number_integer())
+      return protocol_error("response with an id we never sent: " + excerpt(id.dump()));
     std::lock_guard<std::mutex> lock(mu);
     auto it = pending.find(id.get<int64_t>());
     if (it == pending.end()) return;  // a late answer to a cancelled or timed-out request
@@ -198,7 +202,8 @@ struct McpClient::Impl {
       const size_t scanned = buf.size();  // only the new bytes can hold a newline
       buf.append(chunk, static_cast<size_t>(n));
       size_t start = 0;
-      for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos; start = from = nl + 1) {
+      for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos;
+           start = from = nl + 1) {
         handle_line(std::string_view(buf).substr(start, nl - start));
         std::lock_guard<std::mutex> lock(mu);
         if (dead) return;
@@ -237,8 +242,10 @@ struct McpClient::Impl {
           stderr_tail += line + "\n";
           if (stderr_tail.size() > 4096) stderr_tail.erase(0, stderr_tail.size() - 4096);
         }
-        if (options.on_stderr) options.on_stderr(line);
-        else log_debug("plugin '{}' stderr: {}", options.name, line);
+        if (options.on_stderr)
+          options.on_stderr(line);
+        else
+          log_debug("plugin '{}' stderr: {}", options.name, line);
       }
       buf.erase(0, start);
       if (buf.size() > 65536) buf.erase(0, buf.size() - 4096);  // a log line without end: keep the tail
@@ -264,8 +271,8 @@ McpClient::~McpClient() {
 }
 
 Result<std::unique_ptr<McpClient>> McpClient::start(const std::vector<std::string>& argv,
-                                                    const std::vector<std::string>& env, const std::string& cwd,
-                                                    McpClientOptions options) {
+                                                    const std::vector<std::string>& env,
+                                                    const std::string& cwd, McpClientOptions options) {
   ::signal(SIGPIPE, SIG_IGN);  // a dead plugin must give EPIPE, not kill the agent
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
@@ -285,7 +292,8 @@ Result<std::unique_ptr<McpClient>> McpClient::start(const std::vector<std::strin
   if (!init.ok()) return init.status().with_context("initialize");
   const json& r = *init;
   if (!r.is_object() || !r.contains("protocolVersion") || !r["protocolVersion"].is_string())
-    return corrupt("plugin '{}': initialize result has no protocolVersion: {}", raw->options.name, excerpt(r.dump()));
+    return corrupt("plugin '{}': initialize result has no protocolVersion: {}", raw->options.name,
+                   excerpt(r.dump()));
   const std::string version = r["protocolVersion"];
   const auto& supported = mcp_supported_versions();
   if (std::find(supported.begin(), supported.end(), version) == supported.end())
@@ -300,8 +308,8 @@ Result<std::unique_ptr<McpClient>> McpClient::start(const std::vector<std::strin
   return client;
 }
 
-Result<json> McpClient::request(const std::string& method, json params, int timeout_ms, const ProgressFn& on_progress,
-                                const std::atomic<bool>* cancel) {
+Result<json> McpClient::request(const std::string& method, json params, int timeout_ms,
+                                const ProgressFn& on_progress, const std::atomic<bool>* cancel) {
   auto p = std::make_shared<Pending>();
   p->on_progress = on_progress;
   int64_t id;
@@ -336,8 +344,10 @@ Result<json> McpClient::request(const std::string& method, json params, int time
       p->progressed = false;
       deadline = std::min(hard_deadline, clock::now() + std::chrono::milliseconds(timeout_ms));
     }
-    if (cancel && cancel->load()) give_up = "cancelled by the agent";
-    else if (timeout_ms > 0 && clock::now() >= deadline) give_up = fmt::format("timed out after {} ms", timeout_ms);
+    if (cancel && cancel->load())
+      give_up = "cancelled by the agent";
+    else if (timeout_ms > 0 && clock::now() >= deadline)
+      give_up = fmt::format("timed out after {} ms", timeout_ms);
     if (!give_up.empty()) break;
   }
   if (p->result) return std::move(*p->result);
@@ -345,7 +355,8 @@ Result<json> McpClient::request(const std::string& method, json params, int time
   lock.unlock();
   (void)notify("notifications/cancelled", {{"requestId", id}, {"reason", give_up}});
   const std::string what = fmt::format("plugin '{}': {} {}", impl_->options.name, method, give_up);
-  return give_up.starts_with("cancelled") ? Status(StatusCode::kCancelled, what) : Status(StatusCode::kTimeout, what);
+  return give_up.starts_with("cancelled") ? Status(StatusCode::kCancelled, what)
+                                          : Status(StatusCode::kTimeout, what);
 }
 
 Status McpClient::notify(const std::string& method, json params) {
@@ -365,13 +376,15 @@ Result<std::vector<McpTool>> McpClient::list_tools(int timeout_ms) {
       return corrupt("plugin '{}': tools/list result has no 'tools' array", impl_->options.name);
     for (const auto& t : r["tools"]) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
-        return corrupt("plugin '{}': tools/list entry without a name: {}", impl_->options.name, excerpt(t.dump()));
+        return corrupt("plugin '{}': tools/list entry without a name: {}", impl_->options.name,
+                       excerpt(t.dump()));
       McpTool tool{.name = t["name"], .description = t.value("description", "")};
       if (t.contains("inputSchema") && t["inputSchema"].is_object()) tool.input_schema = t["inputSchema"];
       tools.push_back(std::move(tool));
     }
     if (!r.contains("nextCursor") || r["nextCursor"].is_null()) return tools;
-    if (r["nextCursor"] == cursor) return corrupt("plugin '{}': tools/list repeats cursor {}", impl_->options.name, cursor.dump());
+    if (r["nextCursor"] == cursor)
+      return corrupt("plugin '{}': tools/list repeats cursor {}", impl_->options.name, cursor.dump());
     cursor = r["nextCursor"];
   }
   return corrupt("plugin '{}': tools/list did not end after 1000 pages", impl_->options.name);
@@ -379,7 +392,8 @@ Result<std::vector<McpTool>> McpClient::list_tools(int timeout_ms) {
 
 Result<McpToolResult> McpClient::call_tool(const std::string& name, const json& arguments, int timeout_ms,
                                            const ProgressFn& on_progress, const std::atomic<bool>* cancel) {
-  json r = TRY(request("tools/call", {{"name", name}, {"arguments", arguments}}, timeout_ms, on_progress, cancel));
+  json r =
+      TRY(request("tools/call", {{"name", name}, {"arguments", arguments}}, timeout_ms, on_progress, cancel));
   if (!r.is_object()) return corrupt("plugin '{}': tools/call result is not an object", impl_->options.name);
   McpToolResult out;
   if (r.contains("content") && r["content"].is_array()) out.content = r["content"];
@@ -397,10 +411,18 @@ bool McpClient::alive() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return !impl_->dead;
 }
-pid_t McpClient::pid() const { return impl_->proc->pid(); }
-const std::string& McpClient::protocol_version() const { return impl_->version; }
-const json& McpClient::server_info() const { return impl_->server_info; }
-const std::string& McpClient::instructions() const { return impl_->instructions; }
+pid_t McpClient::pid() const {
+  return impl_->proc->pid();
+}
+const std::string& McpClient::protocol_version() const {
+  return impl_->version;
+}
+const json& McpClient::server_info() const {
+  return impl_->server_info;
+}
+const std::string& McpClient::instructions() const {
+  return impl_->instructions;
+}
 std::string McpClient::stderr_tail() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->stderr_tail;

@@ -40,16 +40,16 @@ struct McpTool {
 struct McpToolResult {
   json content = json::array();  // MCP content blocks
   bool is_error = false;
-  json structured;               // structuredContent when given
-  std::string text() const;      // the blocks rendered as text for a model
+  json structured;           // structuredContent when given
+  std::string text() const;  // the blocks rendered as text for a model
 };
 
 struct McpClientOptions {
-  std::string name = "plugin";              // for log lines and error messages
+  std::string name = "plugin";  // for log lines and error messages
   int init_timeout_ms = 20000;
-  size_t max_message_bytes = 16u << 20;     // one JSON-RPC line from the server
-  std::vector<std::string> roots;           // answered to roots/list (file:// URIs)
-  std::function<void()> on_tools_changed;   // from the reader thread
+  size_t max_message_bytes = 16u << 20;                    // one JSON-RPC line from the server
+  std::vector<std::string> roots;                          // answered to roots/list (file:// URIs)
+  std::function<void()> on_tools_changed;                  // from the reader thread
   std::function<void(const std::string& line)> on_stderr;  // from the stderr thread
   std::function<void(const std::string& reason)> on_exit;  // once, when the peer goes away
 };
@@ -62,8 +62,8 @@ class McpClient {
   // Spawns argv (already wrapped in the sandbox by the caller when wanted) and performs the
   // handshake. env is the child's whole environment.
   static Result<std::unique_ptr<McpClient>> start(const std::vector<std::string>& argv,
-                                                  const std::vector<std::string>& env,
-                                                  const std::string& cwd, McpClientOptions options);
+                                                  const std::vector<std::string>& env, const std::string& cwd,
+                                                  McpClientOptions options);
   ~McpClient();  // closes stdin, gives the child a moment, then kills it
 
   // One JSON-RPC request. timeout_ms <= 0: no timeout. cancel (optional) is polled; when it turns

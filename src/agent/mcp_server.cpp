@@ -17,7 +17,9 @@
 
 namespace fathom::agent {
 
-ToolOutput tool_error(std::string text) { return ToolOutput{.text = std::move(text), .is_error = true}; }
+ToolOutput tool_error(std::string text) {
+  return ToolOutput{.text = std::move(text), .is_error = true};
+}
 
 struct McpServer::Impl {
   McpServerOptions options;
@@ -34,7 +36,9 @@ struct McpServer::Impl {
     std::lock_guard<std::mutex> lock(out_mu);
     (void)write_all(1, line.data(), line.size(), "stdout");
   }
-  void reply(const json& id, json result) { send({{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}}); }
+  void reply(const json& id, json result) {
+    send({{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}});
+  }
   void error(const json& id, int code, const std::string& message) {
     send({{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}});
   }
@@ -48,7 +52,8 @@ struct McpServer::Impl {
     size_t start = 0;
     if (params.contains("cursor")) {
       const json& c = params["cursor"];
-      auto parsed = c.is_string() ? parse_uint(c.get<std::string>(), "cursor") : Result<uint64_t>(invalid_argument("x"));
+      auto parsed = c.is_string() ? parse_uint(c.get<std::string>(), "cursor")
+                                  : Result<uint64_t>(invalid_argument("x"));
       if (!parsed.ok() || *parsed > tools.size()) return error(id, -32602, "invalid cursor " + c.dump());
       start = *parsed;
     }
@@ -61,7 +66,8 @@ struct McpServer::Impl {
   }
 
   void call_tool(const json& id, const json& params) {
-    if (!params.contains("name") || !params["name"].is_string()) return error(id, -32602, "tools/call needs a string 'name'");
+    if (!params.contains("name") || !params["name"].is_string())
+      return error(id, -32602, "tools/call needs a string 'name'");
     const std::string name = params["name"];
     const json args = params.value("arguments", json::object());
     std::optional<ServerTool> tool;
@@ -74,8 +80,9 @@ struct McpServer::Impl {
       calls[id.dump()] = cancel;
       ++running;
     }
-    json token = params.contains("_meta") && params["_meta"].is_object() ? params["_meta"].value("progressToken", json())
-                                                                         : json();
+    json token = params.contains("_meta") && params["_meta"].is_object()
+                     ? params["_meta"].value("progressToken", json())
+                     : json();
     std::thread([this, id, args, tool = std::move(*tool), cancel, token]() mutable {
       ToolContext ctx{.cancelled = cancel.get()};
       ctx.progress = [this, token](double progress, double total, const std::string& message) {
@@ -97,7 +104,8 @@ struct McpServer::Impl {
       }
       bool cancelled = cancel->load();
       if (!cancelled) {  // a cancelled request gets no response (MCP cancellation)
-        json result = {{"content", json::array({{{"type", "text"}, {"text", out.text}}})}, {"isError", out.is_error}};
+        json result = {{"content", json::array({{{"type", "text"}, {"text", out.text}}})},
+                       {"isError", out.is_error}};
         if (!out.structured.is_null()) result["structuredContent"] = out.structured;
         reply(id, result);
       }
@@ -115,7 +123,8 @@ struct McpServer::Impl {
       if (msg.contains("result") || msg.contains("error")) return;  // answers to our (no) requests
       return error(id, -32600, "invalid request: no method");
     }
-    if (is_request && !id.is_string() && !id.is_number_integer()) return error(json(), -32600, "invalid request id");
+    if (is_request && !id.is_string() && !id.is_number_integer())
+      return error(json(), -32600, "invalid request id");
     const std::string method = msg["method"];
     const json params = msg.value("params", json::object());
     if (!is_request) {
@@ -147,7 +156,8 @@ struct McpServer::Impl {
   }
 };
 
-McpServer::McpServer(std::vector<ServerTool> tools, McpServerOptions options) : impl_(std::make_unique<Impl>()) {
+McpServer::McpServer(std::vector<ServerTool> tools, McpServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
   impl_->tools = std::move(tools);
   impl_->options = std::move(options);
 }
@@ -177,9 +187,12 @@ int McpServer::serve() {
       std::string_view line = trim(std::string_view(buf).substr(start, nl - start));
       if (line.empty()) continue;
       json msg = json::parse(line, nullptr, false);
-      if (msg.is_discarded()) impl_->error(json(), -32700, "parse error: not JSON");
-      else if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0") impl_->error(json(), -32600, "invalid request: not JSON-RPC 2.0");
-      else impl_->handle(msg);
+      if (msg.is_discarded())
+        impl_->error(json(), -32700, "parse error: not JSON");
+      else if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0")
+        impl_->error(json(), -32600, "invalid request: not JSON-RPC 2.0");
+      else
+        impl_->handle(msg);
     }
     buf.erase(0, start);
     if (buf.size() > kMaxLine) {

@@ -42,12 +42,14 @@ Result<std::vector<FilePatch>> parse_unified_diff(const std::string& text) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string& l = lines[i];
     if (starts_with(l, "--- ") && i + 1 < lines.size() && starts_with(lines[i + 1], "+++ ")) {
-      files.push_back(FilePatch{.old_path = strip_path(l.substr(4)), .new_path = strip_path(lines[i + 1].substr(4))});
+      files.push_back(
+          FilePatch{.old_path = strip_path(l.substr(4)), .new_path = strip_path(lines[i + 1].substr(4))});
       ++i;
       continue;
     }
     if (starts_with(l, "@@")) {
-      if (files.empty()) return invalid_argument("patch line {}: hunk before any '--- '/'+++ ' file header", i + 1);
+      if (files.empty())
+        return invalid_argument("patch line {}: hunk before any '--- '/'+++ ' file header", i + 1);
       Hunk h{.header = l};
       int64_t old_n = 1, new_n = 1;
       const char* p = l.c_str() + 2;
@@ -74,13 +76,16 @@ Result<std::vector<FilePatch>> parse_unified_diff(const std::string& text) {
         ++i;
       }
       if (seen_old != old_n || seen_new != new_n)
-        return invalid_argument("patch: hunk '{}' of {} has {} old and {} new lines, its header says {} and {}", l,
-                                files.back().new_path.empty() ? files.back().old_path : files.back().new_path,
-                                seen_old, seen_new, old_n, new_n);
+        return invalid_argument(
+            "patch: hunk '{}' of {} has {} old and {} new lines, its header says {} and {}", l,
+            files.back().new_path.empty() ? files.back().old_path : files.back().new_path, seen_old, seen_new,
+            old_n, new_n);
       files.back().hunks.push_back(std::move(h));
     }
   }
-  if (files.empty()) return invalid_argument("patch: no '--- a/FILE' / '+++ b/FILE' header found (a unified diff is expected)");
+  if (files.empty())
+    return invalid_argument(
+        "patch: no '--- a/FILE' / '+++ b/FILE' header found (a unified diff is expected)");
   for (const auto& f : files)
     if (f.hunks.empty() && !f.new_path.empty())
       return invalid_argument("patch: file {} has no hunks", f.new_path);
@@ -89,7 +94,8 @@ Result<std::vector<FilePatch>> parse_unified_diff(const std::string& text) {
 
 Result<std::string> apply_hunks(const std::string& original, const FilePatch& patch) {
   bool trailing = true;
-  std::vector<std::string> lines = original.empty() ? std::vector<std::string>{} : split_lines(original, &trailing);
+  std::vector<std::string> lines =
+      original.empty() ? std::vector<std::string>{} : split_lines(original, &trailing);
   const std::string name = patch.new_path.empty() ? patch.old_path : patch.new_path;
   int64_t offset = 0;  // how far earlier hunks moved the text
   for (size_t hi = 0; hi < patch.hunks.size(); ++hi) {
@@ -100,7 +106,8 @@ Result<std::string> apply_hunks(const std::string& original, const FilePatch& pa
       if (l[0] != '-') after.push_back(l.substr(1));
     }
     auto matches_at = [&](int64_t pos) {
-      if (pos < 0 || pos + static_cast<int64_t>(before.size()) > static_cast<int64_t>(lines.size())) return false;
+      if (pos < 0 || pos + static_cast<int64_t>(before.size()) > static_cast<int64_t>(lines.size()))
+        return false;
       for (size_t k = 0; k < before.size(); ++k)
         if (lines[static_cast<size_t>(pos) + k] != before[k]) return false;
       return true;
@@ -112,19 +119,23 @@ Result<std::string> apply_hunks(const std::string& original, const FilePatch& pa
     } else {
       int64_t best_dist = -1;
       bool tie = false;
-      for (int64_t pos = 0; pos + static_cast<int64_t>(before.size()) <= static_cast<int64_t>(lines.size()); ++pos) {
+      for (int64_t pos = 0; pos + static_cast<int64_t>(before.size()) <= static_cast<int64_t>(lines.size());
+           ++pos) {
         if (!matches_at(pos)) continue;
         const int64_t d = std::abs(pos - want);
-        if (best_dist < 0 || d < best_dist) found = pos, best_dist = d, tie = false;
-        else if (d == best_dist) tie = true;
+        if (best_dist < 0 || d < best_dist)
+          found = pos, best_dist = d, tie = false;
+        else if (d == best_dist)
+          tie = true;
       }
       if (found >= 0 && tie)
-        return invalid_argument("{}: hunk {} ({}) matches two places equally near line {}; add context", name, hi + 1,
-                                h.header, h.old_start);
+        return invalid_argument("{}: hunk {} ({}) matches two places equally near line {}; add context", name,
+                                hi + 1, h.header, h.old_start);
     }
     if (found < 0)
-      return invalid_argument("{}: hunk {} ({}) does not apply: its context and removed lines are not in the file", name,
-                              hi + 1, h.header);
+      return invalid_argument(
+          "{}: hunk {} ({}) does not apply: its context and removed lines are not in the file", name, hi + 1,
+          h.header);
     lines.erase(lines.begin() + found, lines.begin() + found + static_cast<int64_t>(before.size()));
     lines.insert(lines.begin() + found, after.begin(), after.end());
     offset += static_cast<int64_t>(after.size()) - static_cast<int64_t>(before.size());

@@ -26,7 +26,8 @@ using Clock = std::chrono::steady_clock;
 std::string namespaced_tool_name(const std::string& plugin, const std::string& tool) {
   std::string out = plugin + "__";
   for (char c : tool) out += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
-  if (out.size() > 64) out = out.substr(0, 55) + fmt::format("_{:08x}", static_cast<uint32_t>(std::hash<std::string>{}(tool)));
+  if (out.size() > 64)
+    out = out.substr(0, 55) + fmt::format("_{:08x}", static_cast<uint32_t>(std::hash<std::string>{}(tool)));
   return out;
 }
 
@@ -99,8 +100,9 @@ struct PluginHost::Impl {
     const std::string name = m.name;
     co.on_stderr = [name](const std::string& line) { log_debug("plugin '{}' stderr: {}", name, line); };
     auto client = McpClient::start(argv, plugin_env(m), options.workspace, co);
-    Result<std::vector<McpTool>> tools = client.ok() ? (*client)->list_tools(static_cast<int>(options.start_timeout_ms))
-                                                     : Result<std::vector<McpTool>>(client.status());
+    Result<std::vector<McpTool>> tools =
+        client.ok() ? (*client)->list_tools(static_cast<int>(options.start_timeout_ms))
+                    : Result<std::vector<McpTool>>(client.status());
     std::lock_guard<std::mutex> lock(mu);
     p->starting = false;
     auto it = plugins.find(m.name);
@@ -132,7 +134,8 @@ struct PluginHost::Impl {
       if (auto it = plugins.find(name); it != plugins.end()) old = it->second;
       plugins[name] = p;
     }
-    if (old && old->client) old->client->kill(fmt::format("plugin '{}' was replaced (manifest changed)", name));
+    if (old && old->client)
+      old->client->kill(fmt::format("plugin '{}' was replaced (manifest changed)", name));
     version++;
   }
 
@@ -169,7 +172,8 @@ struct PluginHost::Impl {
         if (auto it = dir_files.find(path); it != dir_files.end()) old_name = it->second;
       }
       if (!m.ok()) {
-        if (m.status().code() != StatusCode::kFailedPrecondition) log_warn("plugins: {}", m.status().message());
+        if (m.status().code() != StatusCode::kFailedPrecondition)
+          log_warn("plugins: {}", m.status().message());
         if (!old_name.empty()) {
           remove(old_name, "disabled or its manifest became invalid");
           std::lock_guard<std::mutex> lock(mu);
@@ -190,7 +194,8 @@ struct PluginHost::Impl {
       }
       if (!old_name.empty() && old_name != m->name) remove(old_name, "renamed");
       if (changed) {
-        event(fmt::format("plugins: {} plugin '{}' from {}", old_name.empty() ? "starting" : "restarting", m->name, path));
+        event(fmt::format("plugins: {} plugin '{}' from {}", old_name.empty() ? "starting" : "restarting",
+                          m->name, path));
         add(*m);
       }
     }
@@ -226,7 +231,8 @@ struct PluginHost::Impl {
         if (p->starting) continue;
         if (p->state == "running" && p->client && !p->client->alive()) {
           p->state = "crashed";
-          p->last_error = p->client->stderr_tail().empty() ? "exited" : "exited; stderr: " + p->client->stderr_tail();
+          p->last_error =
+              p->client->stderr_tail().empty() ? "exited" : "exited; stderr: " + p->client->stderr_tail();
           p->failures = now - p->started_at > std::chrono::seconds(60) ? 1 : p->failures + 1;
           const int64_t backoff = std::min<int64_t>(30000, 250ll << std::min(p->failures - 1, 7));
           p->next_start = now + std::chrono::milliseconds(backoff);
@@ -261,7 +267,8 @@ struct PluginHost::Impl {
 
 PluginHost::PluginHost(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<PluginHost>> PluginHost::create(PluginHostOptions options, std::vector<PluginManifest> plugins) {
+Result<std::unique_ptr<PluginHost>> PluginHost::create(PluginHostOptions options,
+                                                       std::vector<PluginManifest> plugins) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   std::set<std::string> names;
@@ -281,7 +288,8 @@ Result<std::unique_ptr<PluginHost>> PluginHost::create(PluginHostOptions options
       ::close(impl->inotify_fd);
       impl->inotify_fd = -1;
     }
-    if (impl->inotify_fd < 0) log_warn("plugins: inotify unavailable; rescanning {} every 3 s", impl->options.plugins_dir);
+    if (impl->inotify_fd < 0)
+      log_warn("plugins: inotify unavailable; rescanning {} every 3 s", impl->options.plugins_dir);
     impl->scan_dir();
     impl->last_scan = Clock::now();
   }
@@ -292,7 +300,8 @@ Result<std::unique_ptr<PluginHost>> PluginHost::create(PluginHostOptions options
       if (raw->inotify_fd >= 0) {
         struct pollfd p = {raw->inotify_fd, POLLIN, 0};
         ::poll(&p, 1, 100);
-        if (p.revents & POLLIN) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let writers finish
+        if (p.revents & POLLIN)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let writers finish
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -322,8 +331,11 @@ std::vector<ToolEntry> PluginHost::tools() const {
   for (const auto& [name, p] : impl_->plugins) {
     if (p->state != "running" || !p->client || !p->client->alive()) continue;  // crashed: restarting
     for (const auto& t : p->tools) {
-      ToolEntry e{.name = namespaced_tool_name(name, t.name), .plugin = name, .tool = t.name,
-                  .description = t.description, .input_schema = t.input_schema};
+      ToolEntry e{.name = namespaced_tool_name(name, t.name),
+                  .plugin = name,
+                  .tool = t.name,
+                  .description = t.description,
+                  .input_schema = t.input_schema};
       auto it = p->manifest.permission_tools.find(t.name);
       e.permission = it != p->manifest.permission_tools.end() ? it->second : p->manifest.permission_default;
       out.push_back(std::move(e));
@@ -332,10 +344,13 @@ std::vector<ToolEntry> PluginHost::tools() const {
   return out;
 }
 
-uint64_t PluginHost::tools_version() const { return impl_->version.load(); }
+uint64_t PluginHost::tools_version() const {
+  return impl_->version.load();
+}
 
-Result<McpToolResult> PluginHost::call(const std::string& namespaced, const json& arguments, int64_t timeout_ms,
-                                       const ProgressFn& on_progress, const std::atomic<bool>* cancel) {
+Result<McpToolResult> PluginHost::call(const std::string& namespaced, const json& arguments,
+                                       int64_t timeout_ms, const ProgressFn& on_progress,
+                                       const std::atomic<bool>* cancel) {
   std::shared_ptr<McpClient> client;
   std::string tool;
   int64_t plugin_timeout = 0;
@@ -344,7 +359,8 @@ Result<McpToolResult> PluginHost::call(const std::string& namespaced, const json
     for (const auto& [name, p] : impl_->plugins) {
       for (const auto& t : p->tools) {
         if (namespaced_tool_name(name, t.name) != namespaced) continue;
-        if (p->state != "running" || !p->client) return unavailable("plugin '{}' is {} ({})", name, p->state, p->last_error);
+        if (p->state != "running" || !p->client)
+          return unavailable("plugin '{}' is {} ({})", name, p->state, p->last_error);
         client = p->client;
         tool = t.name;
         plugin_timeout = p->manifest.tool_timeout_ms;
@@ -352,7 +368,8 @@ Result<McpToolResult> PluginHost::call(const std::string& namespaced, const json
     }
   }
   if (!client) return not_found("unknown tool '{}'", namespaced);
-  const int64_t t = plugin_timeout > 0 ? plugin_timeout : (timeout_ms > 0 ? timeout_ms : impl_->options.tool_timeout_ms);
+  const int64_t t =
+      plugin_timeout > 0 ? plugin_timeout : (timeout_ms > 0 ? timeout_ms : impl_->options.tool_timeout_ms);
   return client->call_tool(tool, arguments, static_cast<int>(t), on_progress, cancel);
 }
 
@@ -360,10 +377,16 @@ std::vector<PluginStatus> PluginHost::status() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<PluginStatus> out;
   for (const auto& [name, p] : impl_->plugins)
-    out.push_back({.name = name, .state = p->state, .last_error = p->last_error, .restarts = p->restarts, .n_tools = p->tools.size()});
+    out.push_back({.name = name,
+                   .state = p->state,
+                   .last_error = p->last_error,
+                   .restarts = p->restarts,
+                   .n_tools = p->tools.size()});
   return out;
 }
 
-void PluginHost::poll_now() { impl_->supervise_once(); }
+void PluginHost::poll_now() {
+  impl_->supervise_once();
+}
 
 }  // namespace fathom::agent

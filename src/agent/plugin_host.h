@@ -30,16 +30,16 @@ namespace fathom::agent {
 
 struct PluginManifest {
   std::string name;
-  std::string command;               // "fathom" means this executable
+  std::string command;  // "fathom" means this executable
   std::vector<std::string> args;
   std::map<std::string, std::string> env;
-  std::vector<std::string> env_passthrough;  // names copied from the agent's environment
-  std::string install_dir;           // read-only in the sandbox
-  int64_t tool_timeout_ms = 0;       // 0: the agent's default
-  SandboxProfile sandbox;            // workspace filled in by the host
-  std::string permission_default;    // allow | ask | deny for this plugin's tools
+  std::vector<std::string> env_passthrough;             // names copied from the agent's environment
+  std::string install_dir;                              // read-only in the sandbox
+  int64_t tool_timeout_ms = 0;                          // 0: the agent's default
+  SandboxProfile sandbox;                               // workspace filled in by the host
+  std::string permission_default;                       // allow | ask | deny for this plugin's tools
   std::map<std::string, std::string> permission_tools;  // tool -> allow|ask|deny
-  std::string source;                // manifest path, or "--plugin"
+  std::string source;                                   // manifest path, or "--plugin"
   nlohmann::json to_json() const;
 };
 
@@ -50,12 +50,12 @@ Result<PluginManifest> load_manifest(const std::string& path, const std::string&
 Result<PluginManifest> manifest_from_command_line(const std::string& spec, const std::string& workspace);
 
 struct ToolEntry {
-  std::string name;         // namespaced: <plugin>__<tool>
+  std::string name;  // namespaced: <plugin>__<tool>
   std::string plugin;
-  std::string tool;         // the plugin's own name for it
+  std::string tool;  // the plugin's own name for it
   std::string description;
   nlohmann::json input_schema;
-  std::string permission;   // the plugin's default decision for this tool (allow|ask|deny)
+  std::string permission;  // the plugin's default decision for this tool (allow|ask|deny)
 };
 
 struct PluginStatus {
@@ -66,8 +66,8 @@ struct PluginStatus {
 
 struct PluginHostOptions {
   std::string workspace;
-  std::string plugins_dir;            // empty: none
-  SandboxProfile sandbox;             // defaults for every plugin (mode, limits)
+  std::string plugins_dir;  // empty: none
+  SandboxProfile sandbox;   // defaults for every plugin (mode, limits)
   int64_t tool_timeout_ms = 120000;
   int64_t start_timeout_ms = 30000;
   std::function<void(const std::string&)> on_event;  // one-line notices for the user
@@ -75,14 +75,16 @@ struct PluginHostOptions {
 
 class PluginHost {
  public:
-  static Result<std::unique_ptr<PluginHost>> create(PluginHostOptions options, std::vector<PluginManifest> plugins);
+  static Result<std::unique_ptr<PluginHost>> create(PluginHostOptions options,
+                                                    std::vector<PluginManifest> plugins);
   ~PluginHost();
 
   std::vector<ToolEntry> tools() const;
   // Bumped whenever the set of tools changes (plugin started/stopped, tools/list_changed).
   uint64_t tools_version() const;
-  Result<McpToolResult> call(const std::string& namespaced, const nlohmann::json& arguments, int64_t timeout_ms,
-                             const ProgressFn& on_progress, const std::atomic<bool>* cancel);
+  Result<McpToolResult> call(const std::string& namespaced, const nlohmann::json& arguments,
+                             int64_t timeout_ms, const ProgressFn& on_progress,
+                             const std::atomic<bool>* cancel);
   std::vector<PluginStatus> status() const;
   // Runs one supervision step now (tests use it to avoid waiting for the background thread).
   void poll_now();

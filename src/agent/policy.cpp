@@ -17,9 +17,12 @@ using json = nlohmann::json;
 
 std::string_view decision_name(Decision d) {
   switch (d) {
-    case Decision::kAllow: return "allow";
-    case Decision::kAsk: return "ask";
-    case Decision::kDeny: return "deny";
+    case Decision::kAllow:
+      return "allow";
+    case Decision::kAsk:
+      return "ask";
+    case Decision::kDeny:
+      return "deny";
   }
   return "?";
 }
@@ -67,7 +70,8 @@ bool matches(const std::string& pattern, const std::string& value) {
 
 Result<Policy> Policy::from_json(const json& j, const std::string& source) {
   Policy p;
-  if (!j.is_object()) return invalid_argument("{}: a policy is an object with 'default' and 'rule' entries", source);
+  if (!j.is_object())
+    return invalid_argument("{}: a policy is an object with 'default' and 'rule' entries", source);
   if (j.contains("default")) {
     if (!j["default"].is_string()) return invalid_argument("{}: 'default' must be a string", source);
     p.default_ = TRY(parse_decision(j["default"].get<std::string>(), source + ": default"));
@@ -77,9 +81,11 @@ Result<Policy> Policy::from_json(const json& j, const std::string& source) {
   for (size_t i = 0; i < rules.size(); ++i) {
     const json& r = rules[i];
     const std::string where = fmt::format("{}: rule {}", source, i + 1);
-    if (!r.is_object() || !r.contains("tool") || !r["tool"].is_string() || !r.contains("decision") || !r["decision"].is_string())
+    if (!r.is_object() || !r.contains("tool") || !r["tool"].is_string() || !r.contains("decision") ||
+        !r["decision"].is_string())
       return invalid_argument("{}: needs string fields 'tool' and 'decision'", where);
-    PolicyRule rule{.tool = r["tool"], .decision = TRY(parse_decision(r["decision"].get<std::string>(), where)),
+    PolicyRule rule{.tool = r["tool"],
+                    .decision = TRY(parse_decision(r["decision"].get<std::string>(), where)),
                     .reason = r.value("reason", "")};
     const json args = r.contains("args") && r["args"].is_object() ? r["args"] : json::object();
     for (auto it = args.begin(); it != args.end(); ++it) {
@@ -129,7 +135,9 @@ Verdict Policy::decide(const std::string& tool, const json& args, const std::str
       const json& v = args[k];
       if (!matches(pattern, v.is_string() ? v.get<std::string>() : v.dump())) all = false;
     }
-    if (all) return {r.decision, fmt::format("policy rule {}{}", i + 1, r.reason.empty() ? "" : " (" + r.reason + ")")};
+    if (all)
+      return {r.decision,
+              fmt::format("policy rule {}{}", i + 1, r.reason.empty() ? "" : " (" + r.reason + ")")};
   }
   if (default_) return {*default_, "policy default"};
   auto d = parse_decision(plugin_default, "plugin");

@@ -29,8 +29,8 @@ std::string_view decision_name(Decision d);
 Result<Decision> parse_decision(std::string_view s, std::string_view where);
 
 struct PolicyRule {
-  std::string tool;                          // glob
-  std::map<std::string, std::string> args;   // argument name -> glob or "re:REGEX"
+  std::string tool;                         // glob
+  std::map<std::string, std::string> args;  // argument name -> glob or "re:REGEX"
   Decision decision = Decision::kAsk;
   std::string reason;
 };
@@ -44,7 +44,8 @@ class Policy {
  public:
   static Result<Policy> load(const std::string& path);
   static Result<Policy> from_json(const nlohmann::json& j, const std::string& source);
-  Verdict decide(const std::string& tool, const nlohmann::json& args, const std::string& plugin_default) const;
+  Verdict decide(const std::string& tool, const nlohmann::json& args,
+                 const std::string& plugin_default) const;
 
  private:
   std::vector<PolicyRule> rules_;
@@ -54,11 +55,12 @@ class Policy {
 class AuditLog {
  public:
   static Result<std::unique_ptr<AuditLog>> open(const std::string& path);  // "" -> discards
-  void record(const nlohmann::json& entry);  // adds "ts"; one line, flushed
+  void record(const nlohmann::json& entry);                                // adds "ts"; one line, flushed
 
  private:
   std::mutex mu_;
   std::FILE* file_ = nullptr;
+
  public:
   ~AuditLog();
 };

@@ -58,7 +58,9 @@ std::string& self_override() {
 }
 }  // namespace
 
-void set_self_executable(std::string path) { self_override() = std::move(path); }
+void set_self_executable(std::string path) {
+  self_override() = std::move(path);
+}
 
 std::string self_executable() {
   if (!self_override().empty()) return self_override();
@@ -155,7 +157,9 @@ ChildProcess::~ChildProcess() {
   wait(-1);
 }
 
-void ChildProcess::close_stdin() { close_fd(in_); }
+void ChildProcess::close_stdin() {
+  close_fd(in_);
+}
 
 void ChildProcess::kill_tree(int sig) {
   std::lock_guard<std::mutex> lock(mu_);

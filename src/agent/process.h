@@ -19,12 +19,12 @@
 namespace fathom::agent {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;             // argv[0] is looked up in PATH when it has no '/'
-  std::vector<std::string> env;              // "K=V"; the child's whole environment
-  std::string cwd;                           // empty: inherit
-  bool new_process_group = true;             // setsid(): lets the owner kill the whole tree
-  bool merge_stderr = false;                 // stderr into the stdout pipe
-  bool pipe_stdin = true;                    // else /dev/null
+  std::vector<std::string> argv;              // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> env;               // "K=V"; the child's whole environment
+  std::string cwd;                            // empty: inherit
+  bool new_process_group = true;              // setsid(): lets the owner kill the whole tree
+  bool merge_stderr = false;                  // stderr into the stdout pipe
+  bool pipe_stdin = true;                     // else /dev/null
   std::vector<std::pair<int, long>> rlimits;  // (RLIMIT_*, value) set in the child before exec
 };
 

@@ -18,7 +18,7 @@ using json = nlohmann::json;
 
 json ReplayReport::to_json() const {
   return {{"model_turns", model_turns}, {"tool_calls", tool_calls}, {"identical", identical},
-          {"differed", differed}, {"skipped", skipped}, {"differences", differences}};
+          {"differed", differed},       {"skipped", skipped},       {"differences", differences}};
 }
 
 namespace {
@@ -28,7 +28,8 @@ std::string first_difference(const std::string& a, const std::string& b) {
   for (size_t i = 0; i < std::max(la.size(), lb.size()); ++i) {
     std::string_view x = i < la.size() ? la[i] : "<end>", y = i < lb.size() ? lb[i] : "<end>";
     if (x != y)
-      return fmt::format("line {}: recorded '{}' now '{}'", i + 1, std::string(x.substr(0, 120)), std::string(y.substr(0, 120)));
+      return fmt::format("line {}: recorded '{}' now '{}'", i + 1, std::string(x.substr(0, 120)),
+                         std::string(y.substr(0, 120)));
   }
   return "same text";
 }
@@ -39,7 +40,8 @@ Result<ReplayReport> replay_trajectory(const ReplayOptions& o) {
   const std::vector<json> events = TRY(read_trajectory(o.trajectory_path));
   const json& meta = events[0];
   const std::string workspace = o.workspace.empty() ? meta.value("workspace", ".") : o.workspace;
-  std::vector<std::string> specs = o.plugins.empty() ? meta.value("plugins", std::vector<std::string>{}) : o.plugins;
+  std::vector<std::string> specs =
+      o.plugins.empty() ? meta.value("plugins", std::vector<std::string>{}) : o.plugins;
   std::vector<PluginManifest> plugins;
   for (const auto& spec : specs) {
     PluginManifest m = TRY(manifest_from_command_line(spec, workspace));
@@ -47,13 +49,20 @@ Result<ReplayReport> replay_trajectory(const ReplayOptions& o) {
     plugins.push_back(std::move(m));
   }
   const std::string dir = o.plugins_dir.empty() ? meta.value("plugins_dir", "") : o.plugins_dir;
-  PluginHostOptions ho{.workspace = workspace, .plugins_dir = dir, .sandbox = {.mode = o.sandbox_mode, .workspace = workspace},
-                       .tool_timeout_ms = o.tool_timeout_ms, .on_event = o.on_notice};
+  PluginHostOptions ho{.workspace = workspace,
+                       .plugins_dir = dir,
+                       .sandbox = {.mode = o.sandbox_mode, .workspace = workspace},
+                       .tool_timeout_ms = o.tool_timeout_ms,
+                       .on_event = o.on_notice};
   auto host = TRY(PluginHost::create(ho, std::move(plugins)));
   Policy allow_all = TRY(Policy::from_json({{"default", "allow"}}, "replay"));
   auto audit = TRY(AuditLog::open(""));
-  ToolExecContext ctx{.host = host.get(), .policy = &allow_all, .audit = audit.get(), .yes = true,
-                      .on_notice = o.on_notice, .timeout_ms = o.tool_timeout_ms};
+  ToolExecContext ctx{.host = host.get(),
+                      .policy = &allow_all,
+                      .audit = audit.get(),
+                      .yes = true,
+                      .on_notice = o.on_notice,
+                      .timeout_ms = o.tool_timeout_ms};
   std::map<std::string, json> recorded;  // call id -> tool_result event
   for (const auto& e : events)
     if (e.value("type", "") == "tool_result") recorded[e.value("id", "")] = e;
@@ -62,7 +71,8 @@ Result<ReplayReport> replay_trajectory(const ReplayOptions& o) {
     if (e.value("type", "") != "model_response") continue;
     report.model_turns++;
     const json msg = e.value("message", json::object());
-    const json calls = msg.contains("tool_calls") && msg["tool_calls"].is_array() ? msg["tool_calls"] : json::array();
+    const json calls =
+        msg.contains("tool_calls") && msg["tool_calls"].is_array() ? msg["tool_calls"] : json::array();
     for (size_t i = 0; i < calls.size(); ++i) {
       json call = calls[i];
       if (call.value("id", "").empty()) call["id"] = fmt::format("call_{}_{}", e.value("step", 0), i);

@@ -57,7 +57,8 @@ Result<SandboxProfile> SandboxProfile::from_json(const json& j) {
 
 std::vector<std::string> sandbox_wrap(const SandboxProfile& profile, const std::vector<std::string>& argv) {
   if (profile.mode == "off") return argv;
-  std::vector<std::string> out = {self_executable(), "agent", "sandbox", "--profile", profile.to_json().dump(), "--"};
+  std::vector<std::string> out = {self_executable(),        "agent", "sandbox", "--profile",
+                                  profile.to_json().dump(), "--"};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
 }
@@ -89,8 +90,10 @@ Result<SandboxReport> probe_sandbox(const SandboxProfile& profile) {
   auto proc = TRY(ChildProcess::spawn(so));
   std::string out, err;
   char buf[4096];
-  for (ssize_t n; (n = ::read(proc->stdout_fd(), buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  for (ssize_t n; (n = ::read(proc->stderr_fd(), buf, sizeof(buf))) > 0;) err.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::read(proc->stdout_fd(), buf, sizeof(buf))) > 0;)
+    out.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::read(proc->stderr_fd(), buf, sizeof(buf))) > 0;)
+    err.append(buf, static_cast<size_t>(n));
   proc->wait(-1);
   json j = json::parse(out, nullptr, false);
   if (j.is_discarded() || !j.is_object())

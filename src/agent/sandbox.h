@@ -37,13 +37,13 @@ struct SandboxLimits {
 };
 
 struct SandboxProfile {
-  std::string mode = "auto";             // auto | require | off
-  bool network = false;                  // keep the host network (no network namespace)
-  std::string workspace;                 // read-write at its real path; the working directory
-  std::vector<std::string> read_only;    // extra read-only paths (install directory, binary)
-  std::vector<std::string> read_write;   // extra read-write paths
+  std::string mode = "auto";            // auto | require | off
+  bool network = false;                 // keep the host network (no network namespace)
+  std::string workspace;                // read-write at its real path; the working directory
+  std::vector<std::string> read_only;   // extra read-only paths (install directory, binary)
+  std::vector<std::string> read_write;  // extra read-write paths
   SandboxLimits limits;
-  uint32_t uid = 65534, gid = 65534;     // the uid/gid the process gets when the agent is root
+  uint32_t uid = 65534, gid = 65534;  // the uid/gid the process gets when the agent is root
 
   nlohmann::json to_json() const;
   static Result<SandboxProfile> from_json(const nlohmann::json& j);

@@ -139,18 +139,23 @@ Status mount_dev() {
     const std::string src = std::string("/dev/") + node, target = dev + "/" + node;
     if (!path_exists(src)) continue;
     TRY(make_target(target, false));
-    if (::mount(src.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0) return errno_status(errno, "bind " + src);
+    if (::mount(src.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0)
+      return errno_status(errno, "bind " + src);
   }
-  for (auto [name, to] : {std::pair{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
-                          {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}})
-    if (::symlink(to, (dev + "/" + name).c_str()) != 0) return errno_status(errno, "symlink /dev/" + std::string(name));
+  for (auto [name, to] : {std::pair{"fd", "/proc/self/fd"},
+                          {"stdin", "/proc/self/fd/0"},
+                          {"stdout", "/proc/self/fd/1"},
+                          {"stderr", "/proc/self/fd/2"}})
+    if (::symlink(to, (dev + "/" + name).c_str()) != 0)
+      return errno_status(errno, "symlink /dev/" + std::string(name));
   return {};
 }
 
 // Builds the view: system directories and extra read-only paths, the workspace and read-write
 // paths, /dev, /proc, a private /tmp; then pivot_root into it.
 Status build_view(const ChildSetup& s) {
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno_status(errno, "make / private");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    return errno_status(errno, "make / private");
   std::vector<Bind> binds;
   for (const char* sys : {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"}) {
     if (!path_exists(sys)) continue;
@@ -198,7 +203,8 @@ Status drop_privileges(const ChildSetup& s) {
   if (::setgroups(0, nullptr) != 0 && errno != EPERM) return errno_status(errno, "setgroups");
   if (::setresgid(s.gid, s.gid, s.gid) != 0) return errno_status(errno, fmt::format("setresgid {}", s.gid));
   if (::setresuid(s.uid, s.uid, s.uid) != 0) return errno_status(errno, fmt::format("setresuid {}", s.uid));
-  if (::getuid() != s.uid || ::geteuid() != s.uid) return permission_denied("uid did not change to {}", s.uid);
+  if (::getuid() != s.uid || ::geteuid() != s.uid)
+    return permission_denied("uid did not change to {}", s.uid);
   return {};
 }
 
@@ -231,23 +237,63 @@ Status load_seccomp() {
     ~Guard() { seccomp_release(c); }
   } guard{ctx};
   seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-  const char* denied[] = {"ptrace", "mount", "umount2", "pivot_root", "chroot", "swapon", "swapoff", "reboot",
-                          "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-                          "add_key", "request_key", "keyctl", "unshare", "setns", "bpf", "perf_event_open",
-                          "userfaultfd", "open_by_handle_at", "name_to_handle_at", "process_vm_readv",
-                          "process_vm_writev", "acct", "settimeofday", "clock_settime", "clock_adjtime",
-                          "adjtimex", "iopl", "ioperm", "quotactl", "lookup_dcookie", "mount_setattr",
-                          "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "syslog",
-                          "vhangup", "fanotify_init", "pidfd_getfd", "kcmp"};
+  const char* denied[] = {"ptrace",
+                          "mount",
+                          "umount2",
+                          "pivot_root",
+                          "chroot",
+                          "swapon",
+                          "swapoff",
+                          "reboot",
+                          "kexec_load",
+                          "kexec_file_load",
+                          "init_module",
+                          "finit_module",
+                          "delete_module",
+                          "add_key",
+                          "request_key",
+                          "keyctl",
+                          "unshare",
+                          "setns",
+                          "bpf",
+                          "perf_event_open",
+                          "userfaultfd",
+                          "open_by_handle_at",
+                          "name_to_handle_at",
+                          "process_vm_readv",
+                          "process_vm_writev",
+                          "acct",
+                          "settimeofday",
+                          "clock_settime",
+                          "clock_adjtime",
+                          "adjtimex",
+                          "iopl",
+                          "ioperm",
+                          "quotactl",
+                          "lookup_dcookie",
+                          "mount_setattr",
+                          "open_tree",
+                          "move_mount",
+                          "fsopen",
+                          "fsconfig",
+                          "fsmount",
+                          "fspick",
+                          "syslog",
+                          "vhangup",
+                          "fanotify_init",
+                          "pidfd_getfd",
+                          "kcmp"};
   for (const char* name : denied) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc != 0)
       return internal_error("seccomp rule for {}: {}", name, strerror(-rc));
   }
-  for (unsigned long flag : std::initializer_list<unsigned long>{CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET,
-                                                                 CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP}) {
-    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
+  for (unsigned long flag :
+       std::initializer_list<unsigned long>{CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET,
+                                            CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP}) {
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                                  SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
         rc != 0)
       return internal_error("seccomp clone rule: {}", strerror(-rc));
   }
@@ -256,7 +302,8 @@ Status load_seccomp() {
     if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0); rc != 0)
       return internal_error("seccomp clone3 rule: {}", strerror(-rc));
   for (unsigned long req : {static_cast<unsigned long>(TIOCSTI), static_cast<unsigned long>(TIOCLINUX)})
-    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, req));
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                                  SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, req));
         rc != 0)
       return internal_error("seccomp ioctl rule: {}", strerror(-rc));
   if (int rc = seccomp_load(ctx); rc != 0) return internal_error("seccomp_load: {}", strerror(-rc));
@@ -330,7 +377,8 @@ int child_main(void* arg) {
     }
   }
   ::setenv("FATHOM_SANDBOX", "1", 1);
-  if (::chdir(s.profile.workspace.c_str()) != 0) die(s, "chdir to the workspace: " + std::string(strerror(errno)));
+  if (::chdir(s.profile.workspace.c_str()) != 0)
+    die(s, "chdir to the workspace: " + std::string(strerror(errno)));
 
   pid_t cmd = ::fork();
   if (cmd < 0) die(s, "fork: " + std::string(strerror(errno)));

@@ -78,7 +78,8 @@ Result<CgroupDir> own_cgroup(const std::string& controller) {
 Result<CgroupDir> make_pids_cgroup(int64_t pids_max) {
   CgroupDir base = TRY(own_cgroup("pids"));
   CgroupDir dir{fmt::format("{}/fathom-sandbox-{}", base.path, ::getpid()), base.version};
-  if (::mkdir(dir.path.c_str(), 0755) != 0 && errno != EEXIST) return errno_status(errno, "mkdir " + dir.path);
+  if (::mkdir(dir.path.c_str(), 0755) != 0 && errno != EEXIST)
+    return errno_status(errno, "mkdir " + dir.path);
   if (!path_exists(dir.path + "/pids.max") && base.version == 2) {
     (void)write_text(base.path + "/cgroup.subtree_control", "+pids");  // may fail: no delegation
   }
@@ -151,7 +152,8 @@ Result<int> idmapped_tree(const std::string& path, uid_t uid, gid_t gid) {
   if (::stat(path.c_str(), &st) != 0) return errno_status(errno, "stat " + path);
   if (st.st_uid == uid) return -1;  // already owned by the sandbox uid: a plain bind does
   int userns = TRY(idmap_userns(st.st_uid, st.st_gid, uid, gid));
-  int tree = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  int tree =
+      static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
   if (tree < 0) {
     ::close(userns);
     return errno_status(errno, "open_tree " + path);
@@ -198,9 +200,13 @@ Result<Args> parse_args(int argc, char** argv) {
       ++i;
       break;
     }
-    if (s == "--probe") a.probe = true;
-    else if (s == "--profile" && i + 1 < argc) a.profile_json = argv[++i];
-    else return invalid_argument("unknown option '{}' (usage: fathom agent sandbox [--probe] --profile JSON -- CMD ARGS)", s);
+    if (s == "--probe")
+      a.probe = true;
+    else if (s == "--profile" && i + 1 < argc)
+      a.profile_json = argv[++i];
+    else
+      return invalid_argument(
+          "unknown option '{}' (usage: fathom agent sandbox [--probe] --profile JSON -- CMD ARGS)", s);
   }
   for (; i < argc; ++i) a.argv.emplace_back(argv[i]);
   if (a.argv.empty()) return invalid_argument("no command given after --");
@@ -316,7 +322,8 @@ int sandbox_main(int argc, char** argv) {
   setup.err_fd = err[1];
   setup.report_fd = rep[1];
 
-  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (profile->network ? 0 : CLONE_NEWNET);
+  int flags =
+      CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (profile->network ? 0 : CLONE_NEWNET);
   std::vector<int> attempts = {flags | CLONE_NEWUSER};
   if (root) attempts.push_back(flags);
   attempts.push_back(0);

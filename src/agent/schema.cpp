@@ -11,7 +11,8 @@ using json = nlohmann::json;
 
 bool has_type(const json& v, const std::string& t) {
   if (t == "string") return v.is_string();
-  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  if (t == "integer")
+    return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
   if (t == "number") return v.is_number();
   if (t == "boolean") return v.is_boolean();
   if (t == "object") return v.is_object();
@@ -44,12 +45,15 @@ Status validate_json(const json& schema, const json& value, const std::string& w
       ok = ok || has_type(value, one.get<std::string>());
       names += (names.empty() ? "" : " or ") + one.get<std::string>();
     }
-    if (!ok) return invalid_argument("{}: expected {}, got {} {}", where, names, type_name(value), short_dump(value));
+    if (!ok)
+      return invalid_argument("{}: expected {}, got {} {}", where, names, type_name(value),
+                              short_dump(value));
   }
   if (schema.contains("enum") && schema["enum"].is_array()) {
     bool found = false;
     for (const auto& e : schema["enum"]) found = found || e == value;
-    if (!found) return invalid_argument("{}: {} is not one of {}", where, short_dump(value), schema["enum"].dump());
+    if (!found)
+      return invalid_argument("{}: {} is not one of {}", where, short_dump(value), schema["enum"].dump());
   }
   if (schema.contains("const") && schema["const"] != value)
     return invalid_argument("{}: must be {}", where, schema["const"].dump());
@@ -59,8 +63,10 @@ Status validate_json(const json& schema, const json& value, const std::string& w
     bool matched = false;
     for (const auto& alt : schema[key]) {
       Status s = validate_json(alt, value, where);
-      if (s.ok()) matched = true;
-      else if (first.ok()) first = s;
+      if (s.ok())
+        matched = true;
+      else if (first.ok())
+        first = s;
     }
     if (!matched && !schema[key].empty()) return first;
   }
@@ -73,15 +79,19 @@ Status validate_json(const json& schema, const json& value, const std::string& w
   }
   if (value.is_string()) {
     const size_t n = value.get_ref<const std::string&>().size();
-    if (schema.contains("minLength") && schema["minLength"].is_number() && n < schema["minLength"].get<size_t>())
+    if (schema.contains("minLength") && schema["minLength"].is_number() &&
+        n < schema["minLength"].get<size_t>())
       return invalid_argument("{}: shorter than {} characters", where, schema["minLength"].dump());
-    if (schema.contains("maxLength") && schema["maxLength"].is_number() && n > schema["maxLength"].get<size_t>())
+    if (schema.contains("maxLength") && schema["maxLength"].is_number() &&
+        n > schema["maxLength"].get<size_t>())
       return invalid_argument("{}: longer than {} characters", where, schema["maxLength"].dump());
   }
   if (value.is_array()) {
-    if (schema.contains("minItems") && schema["minItems"].is_number() && value.size() < schema["minItems"].get<size_t>())
+    if (schema.contains("minItems") && schema["minItems"].is_number() &&
+        value.size() < schema["minItems"].get<size_t>())
       return invalid_argument("{}: fewer than {} items", where, schema["minItems"].dump());
-    if (schema.contains("maxItems") && schema["maxItems"].is_number() && value.size() > schema["maxItems"].get<size_t>())
+    if (schema.contains("maxItems") && schema["maxItems"].is_number() &&
+        value.size() > schema["maxItems"].get<size_t>())
       return invalid_argument("{}: more than {} items", where, schema["maxItems"].dump());
     if (schema.contains("items") && schema["items"].is_object())
       for (size_t i = 0; i < value.size(); ++i)

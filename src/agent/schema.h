@@ -12,6 +12,7 @@
 namespace fathom::agent {
 
 // Error: "arguments.path: expected integer, got string \"3\"".
-Status validate_json(const nlohmann::json& schema, const nlohmann::json& value, const std::string& where = "arguments");
+Status validate_json(const nlohmann::json& schema, const nlohmann::json& value,
+                     const std::string& where = "arguments");
 
 }  // namespace fathom::agent

@@ -14,7 +14,8 @@ namespace {
 std::string cap_text(std::string s, size_t max_chars) {
   if (s.size() <= max_chars) return s;
   const size_t keep = max_chars / 2;
-  return s.substr(0, keep) + fmt::format("\n[... {} characters of tool output cut by fathom ...]\n", s.size() - 2 * keep) +
+  return s.substr(0, keep) +
+         fmt::format("\n[... {} characters of tool output cut by fathom ...]\n", s.size() - 2 * keep) +
          s.substr(s.size() - keep);
 }
 
@@ -32,7 +33,8 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
     out.decision = decision;
     out.ms = t.elapsed_ms();
     log_warn("tool call {} {}: {}", out.id, out.name, text);
-    if (ctx.audit) ctx.audit->record({{"tool", out.name}, {"call_id", out.id}, {"decision", decision}, {"error", text}});
+    if (ctx.audit)
+      ctx.audit->record({{"tool", out.name}, {"call_id", out.id}, {"decision", decision}, {"error", text}});
     return out;
   };
   const std::vector<ToolEntry> tools = ctx.host->tools();
@@ -42,20 +44,26 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
   if (!entry) {
     std::string names;
     for (const auto& e : tools) names += (names.empty() ? "" : ", ") + e.name;
-    return error(fmt::format("unknown tool '{}'. Available tools: {}", out.name, names.empty() ? "(none)" : names), "invalid");
+    return error(
+        fmt::format("unknown tool '{}'. Available tools: {}", out.name, names.empty() ? "(none)" : names),
+        "invalid");
   }
   const json raw = fn.value("arguments", json(""));
   if (raw.is_object()) {
     out.arguments = raw;  // some servers send an object instead of a string
   } else {
     const std::string text = raw.is_string() ? raw.get<std::string>() : raw.dump();
-    out.arguments = text.find_first_not_of(" \t\r\n") == std::string::npos ? json::object() : json::parse(text, nullptr, false);
+    out.arguments = text.find_first_not_of(" \t\r\n") == std::string::npos
+                        ? json::object()
+                        : json::parse(text, nullptr, false);
     if (out.arguments.is_discarded()) {
       out.arguments = json();
-      return error(fmt::format("the arguments of {} are not valid JSON: {}", out.name, text.substr(0, 300)), "invalid");
+      return error(fmt::format("the arguments of {} are not valid JSON: {}", out.name, text.substr(0, 300)),
+                   "invalid");
     }
   }
-  if (!out.arguments.is_object()) return error(fmt::format("the arguments of {} must be a JSON object", out.name), "invalid");
+  if (!out.arguments.is_object())
+    return error(fmt::format("the arguments of {} must be a JSON object", out.name), "invalid");
   if (Status s = validate_json(entry->input_schema, out.arguments); !s.ok())
     return error(fmt::format("invalid arguments for {}: {}", out.name, s.message()), "invalid");
 
@@ -75,7 +83,11 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
     }
   }
   if (ctx.audit)
-    ctx.audit->record({{"tool", out.name}, {"call_id", out.id}, {"arguments", out.arguments}, {"decision", decision}, {"why", v.why}});
+    ctx.audit->record({{"tool", out.name},
+                       {"call_id", out.id},
+                       {"arguments", out.arguments},
+                       {"decision", decision},
+                       {"why", v.why}});
   out.decision = decision;
   if (v.decision == Decision::kDeny) {
     out.text = fmt::format("Error: calling {} was denied ({}: {})", out.name, v.why, decision);
@@ -100,7 +112,8 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
     return out;
   }
   out.is_error = r->is_error;
-  if (r->is_error) log_warn("tool call {} {} returned an error: {}", out.id, out.name, r->text().substr(0, 300));
+  if (r->is_error)
+    log_warn("tool call {} {} returned an error: {}", out.id, out.name, r->text().substr(0, 300));
   out.text = cap_text(r->is_error ? "Error: " + r->text() : r->text(), ctx.max_chars);
   return out;
 }

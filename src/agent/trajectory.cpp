@@ -42,8 +42,11 @@ Result<std::vector<json>> read_trajectory(const std::string& path) {
       return corrupt("{}: line {} is not a trajectory event", path, n);
     events.push_back(std::move(j));
   }
-  if (events.empty() || events[0].value("type", "") != "meta") return corrupt("{}: does not start with a meta event", path);
-  if (events[0].value("version", 0) != 1) return unimplemented("{}: trajectory version {} (this build reads 1)", path, events[0].value("version", 0));
+  if (events.empty() || events[0].value("type", "") != "meta")
+    return corrupt("{}: does not start with a meta event", path);
+  if (events[0].value("version", 0) != 1)
+    return unimplemented("{}: trajectory version {} (this build reads 1)", path,
+                         events[0].value("version", 0));
   return events;
 }
 

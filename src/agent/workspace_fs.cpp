@@ -112,10 +112,12 @@ Status Workspace::write(const std::string& path, std::string_view data) const {
     return errno_status(e, "create '" + path + "'");
   }
   struct stat old;
-  if (::fstatat(dfd, base.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd, old.st_mode & 07777);
+  if (::fstatat(dfd, base.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(old.st_mode))
+    ::fchmod(fd, old.st_mode & 07777);
   Status s = write_all(fd, data.data(), data.size(), "'" + path + "'");
   ::close(fd);
-  if (s.ok() && ::renameat(dfd, tmp.c_str(), dfd, base.c_str()) != 0) s = errno_status(errno, "rename into '" + path + "'");
+  if (s.ok() && ::renameat(dfd, tmp.c_str(), dfd, base.c_str()) != 0)
+    s = errno_status(errno, "rename into '" + path + "'");
   if (!s.ok()) ::unlinkat(dfd, tmp.c_str(), 0);
   ::close(dfd);
   return s;

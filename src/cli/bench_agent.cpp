@@ -33,7 +33,8 @@ Percentiles percentiles(std::vector<double> v) {
 }
 
 Result<Percentiles> noop_calls(const std::vector<std::string>& argv, const std::string& ws, int n) {
-  auto client = TRY(agent::McpClient::start(argv, agent::environment_subset({"PATH"}), ws, {.name = "bench"}));
+  auto client =
+      TRY(agent::McpClient::start(argv, agent::environment_subset({"PATH"}), ws, {.name = "bench"}));
   std::vector<double> ms;
   for (int i = 0; i < n + 10; ++i) {
     Timer t;
@@ -48,7 +49,8 @@ Result<Percentiles> starts(const std::vector<std::string>& argv, int n) {
   std::vector<double> ms;
   for (int i = 0; i < n; ++i) {
     Timer t;
-    auto p = TRY(agent::ChildProcess::spawn({.argv = argv, .env = agent::environment_subset({"PATH"}), .pipe_stdin = false}));
+    auto p = TRY(agent::ChildProcess::spawn(
+        {.argv = argv, .env = agent::environment_subset({"PATH"}), .pipe_stdin = false}));
     p->wait(-1);
     if (p->exit_status() != 0) return internal_error("'{}' exited with {}", argv.back(), p->exit_status());
     ms.push_back(t.elapsed_ms());
@@ -79,29 +81,39 @@ int run_bench_agent(int argc, char** argv) {
   for (const auto* r : {&plain, &boxed, &start_plain, &start_boxed})
     if (!r->ok()) return fail(args.command(), r->status());
   if (json) {
-    nlohmann::json j = {{"noop_plain_p50_ms", plain->p50}, {"noop_plain_p99_ms", plain->p99},
-                        {"noop_sandboxed_p50_ms", boxed->p50}, {"noop_sandboxed_p99_ms", boxed->p99},
-                        {"start_plain_p50_ms", start_plain->p50}, {"start_sandboxed_p50_ms", start_boxed->p50},
+    nlohmann::json j = {{"noop_plain_p50_ms", plain->p50},
+                        {"noop_plain_p99_ms", plain->p99},
+                        {"noop_sandboxed_p50_ms", boxed->p50},
+                        {"noop_sandboxed_p99_ms", boxed->p99},
+                        {"start_plain_p50_ms", start_plain->p50},
+                        {"start_sandboxed_p50_ms", start_boxed->p50},
                         {"start_sandboxed_p99_ms", start_boxed->p99},
                         {"noop_sandboxed_over_plain", boxed->p50 / plain->p50},
                         {"start_sandboxed_over_plain", start_boxed->p50 / start_plain->p50},
-                        {"noop_goal_ms", 2.0}, {"start_goal_ms", 50.0}, {"calls", calls}, {"starts", spawns},
+                        {"noop_goal_ms", 2.0},
+                        {"start_goal_ms", 50.0},
+                        {"calls", calls},
+                        {"starts", spawns},
                         {"sandbox", report->summary()}};
     print_json_line(j.dump());
     return 0;
   }
   std::printf("sandbox: %s\n", report->summary().c_str());
-  std::printf("no-op tool call, warm plugin (%d calls): plain p50 %.3f ms p99 %.3f ms; sandboxed p50 %.3f ms p99 %.3f ms "
-              "(%.2fx plain; goal p50 < 2 ms)\n",
-              calls, plain->p50, plain->p99, boxed->p50, boxed->p99, boxed->p50 / plain->p50);
-  std::printf("process start (%d starts of /bin/true): plain p50 %.2f ms; sandboxed p50 %.2f ms p99 %.2f ms "
-              "(%.1fx plain; goal < 50 ms)\n",
-              spawns, start_plain->p50, start_boxed->p50, start_boxed->p99, start_boxed->p50 / start_plain->p50);
+  std::printf(
+      "no-op tool call, warm plugin (%d calls): plain p50 %.3f ms p99 %.3f ms; sandboxed p50 %.3f ms p99 "
+      "%.3f ms "
+      "(%.2fx plain; goal p50 < 2 ms)\n",
+      calls, plain->p50, plain->p99, boxed->p50, boxed->p99, boxed->p50 / plain->p50);
+  std::printf(
+      "process start (%d starts of /bin/true): plain p50 %.2f ms; sandboxed p50 %.2f ms p99 %.2f ms "
+      "(%.1fx plain; goal < 50 ms)\n",
+      spawns, start_plain->p50, start_boxed->p50, start_boxed->p99, start_boxed->p50 / start_plain->p50);
   return 0;
 }
 
 }  // namespace
 
-FATHOM_BENCH("agent", "Agent harness: no-op MCP call round trip (plain/sandboxed) and sandbox start-up", run_bench_agent);
+FATHOM_BENCH("agent", "Agent harness: no-op MCP call round trip (plain/sandboxed) and sandbox start-up",
+             run_bench_agent);
 
 }  // namespace fathom::cli

@@ -25,7 +25,8 @@ int serve(std::vector<agent::ServerTool> tools, const std::string& name, int pag
 }
 
 int run_mcp(int argc, char** argv) {
-  const char* kUsage = "usage: fathom mcp shell|files|sqlite|build|echo [options]   (fathom mcp <server> --help)\n";
+  const char* kUsage =
+      "usage: fathom mcp shell|files|sqlite|build|echo [options]   (fathom mcp <server> --help)\n";
   if (argc < 2 || argv[1][0] == '-') {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -48,7 +49,8 @@ int run_mcp(int argc, char** argv) {
   bool network = false;
   if (which == "shell") {
     args.option("--timeout", &timeout_s, "seconds per command at most");
-    args.option("--output-cap", &cap, "bytes of stdout+stderr kept per command; past it the command is killed");
+    args.option("--output-cap", &cap,
+                "bytes of stdout+stderr kept per command; past it the command is killed");
     args.option("--cpu-seconds", &shell.cpu_seconds, "CPU seconds per command (0: none)");
     args.flag("--network", &network, "give commands network access (per-call sandbox only)");
     args.multi("--env", &shell.env_keep, "environment variable passed to commands (repeatable)", "NAME");
@@ -56,10 +58,12 @@ int run_mcp(int argc, char** argv) {
     args.flag("--read-only", &files.read_only, "only read_file, list_directory and search");
   } else if (which == "sqlite") {
     args.option("--db", &sqlite.database, "database file (inside the workspace)", "FILE");
-    args.flag("--allow-writes", &sqlite.allow_writes, "allow statements that write (granted by the manifest)");
+    args.flag("--allow-writes", &sqlite.allow_writes,
+              "allow statements that write (granted by the manifest)");
     args.option("--max-rows", &sqlite.max_rows, "default row limit of results");
   } else if (which == "build") {
-    args.option("--config", &build.config, "TOML file with [[command]] name/run/description/timeout_s", "FILE");
+    args.option("--config", &build.config, "TOML file with [[command]] name/run/description/timeout_s",
+                "FILE");
     args.multi("--command", &build_cmds, "a command as NAME=CMD (repeatable)", "NAME=CMD");
     args.option("--output-cap", &cap, "bytes of output kept per run");
   } else if (which != "echo") {
@@ -93,12 +97,14 @@ int run_mcp(int argc, char** argv) {
   build.output_cap_bytes = static_cast<size_t>(cap);
   for (const auto& c : build_cmds) {
     auto eq = c.find('=');
-    if (eq == std::string::npos) return fail(args.command(), invalid_argument("--command '{}' is not NAME=CMD", c));
+    if (eq == std::string::npos)
+      return fail(args.command(), invalid_argument("--command '{}' is not NAME=CMD", c));
     build.commands.push_back({.name = c.substr(0, eq), .run = c.substr(eq + 1)});
   }
   auto commands = agent::load_build_commands(build);
   if (!commands.ok()) return fail(args.command(), commands.status());
-  McpServer server(agent::build_tools(build, *commands), McpServerOptions{.name = "fathom-build", .page_size = page_size});
+  McpServer server(agent::build_tools(build, *commands),
+                   McpServerOptions{.name = "fathom-build", .page_size = page_size});
   std::atomic<bool> stop{false};
   std::thread watcher;
   if (!build.config.empty()) {  // re-read the config when it changes; tell the client
@@ -114,8 +120,11 @@ int run_mcp(int argc, char** argv) {
           continue;
         last = now;
         auto reloaded = agent::load_build_commands(build);
-        if (reloaded.ok()) server.set_tools(agent::build_tools(build, *reloaded));
-        else std::fprintf(stderr, "fathom mcp build: keeping the old commands: %s\n", reloaded.status().message().c_str());
+        if (reloaded.ok())
+          server.set_tools(agent::build_tools(build, *reloaded));
+        else
+          std::fprintf(stderr, "fathom mcp build: keeping the old commands: %s\n",
+                       reloaded.status().message().c_str());
       }
     });
   }
@@ -127,6 +136,7 @@ int run_mcp(int argc, char** argv) {
 
 }  // namespace
 
-FATHOM_COMMAND("mcp", "Serve a built-in plugin (shell, files, sqlite, build, echo) as an MCP server on stdio", run_mcp);
+FATHOM_COMMAND("mcp", "Serve a built-in plugin (shell, files, sqlite, build, echo) as an MCP server on stdio",
+               run_mcp);
 
 }  // namespace fathom::cli

@@ -9,9 +9,21 @@
 namespace fathom::agent::test {
 namespace {
 
-std::vector<std::string> agent_args(const ScriptedEndpoint& ep, const std::string& ws, const std::string& task) {
-  return {"agent", "--endpoint", ep.url(), "--model", "scripted", "--workspace", ws, "--plugin", "fathom mcp files",
-          "--plugin", "fathom mcp shell --timeout 20", "--json", task};
+std::vector<std::string> agent_args(const ScriptedEndpoint& ep, const std::string& ws,
+                                    const std::string& task) {
+  return {"agent",
+          "--endpoint",
+          ep.url(),
+          "--model",
+          "scripted",
+          "--workspace",
+          ws,
+          "--plugin",
+          "fathom mcp files",
+          "--plugin",
+          "fathom mcp shell --timeout 20",
+          "--json",
+          task};
 }
 
 json last_json_line(const std::string& out) {
@@ -21,7 +33,8 @@ json last_json_line(const std::string& out) {
 
 TEST(AgentLoop, WritesReadsAndAnswersThroughStreamedToolCalls) {
   const std::string ws = make_temp_dir("loop");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"files__write_file", R"({"path":"notes/hello.txt","content":"hi there\n"})"}})),
+  ScriptedEndpoint ep({reply(tool_calls_message(
+                           {{"files__write_file", R"({"path":"notes/hello.txt","content":"hi there\n"})"}})),
                        reply(tool_calls_message({{"files__read_file", R"({"path":"notes/hello.txt"})"}})),
                        reply(text_message("The file says hi there."))});
   const std::string traj = ws + "/../" + ws.substr(ws.rfind('/') + 1) + ".traj.jsonl";
@@ -29,7 +42,8 @@ TEST(AgentLoop, WritesReadsAndAnswersThroughStreamedToolCalls) {
   args.insert(args.end() - 1, {"--trajectory", traj});
   RunResult r = run_fathom(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("The file says hi there."), std::string::npos) << r.out;  // streamed text reaches stdout
+  EXPECT_NE(r.out.find("The file says hi there."), std::string::npos)
+      << r.out;  // streamed text reaches stdout
   EXPECT_EQ(read_text(ws + "/notes/hello.txt"), "hi there\n");
   auto reqs = ep.requests();
   ASSERT_EQ(reqs.size(), 3u);
@@ -70,9 +84,10 @@ TEST(AgentLoop, WritesReadsAndAnswersThroughStreamedToolCalls) {
 
 TEST(AgentLoop, HandlesAPlainJsonAnswerToAStreamingRequest) {
   const std::string ws = make_temp_dir("plain");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", R"({"command":"echo plain-ok > out.txt"})"}})),
-                       reply(text_message("done"))},
-                      ScriptedEndpoint::Mode::kPlainJson);
+  ScriptedEndpoint ep(
+      {reply(tool_calls_message({{"shell__run", R"({"command":"echo plain-ok > out.txt"})"}})),
+       reply(text_message("done"))},
+      ScriptedEndpoint::Mode::kPlainJson);
   RunResult r = run_fathom(agent_args(ep, ws, "run it"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_text(ws + "/out.txt"), "plain-ok\n");
@@ -82,9 +97,12 @@ TEST(AgentLoop, HandlesAPlainJsonAnswerToAStreamingRequest) {
 TEST(AgentLoop, RunsParallelToolCallsConcurrently) {
   // Each command waits for the other's file: run one after the other, both would time out.
   const std::string ws = make_temp_dir("parallel");
-  const std::string a = R"({"command":"touch a; i=0; while [ ! -f b ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f b && echo A-saw-B"})";
-  const std::string b = R"({"command":"touch b; i=0; while [ ! -f a ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f a && echo B-saw-A"})";
-  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", a}, {"shell__run", b}})), reply(text_message("ok"))});
+  const std::string a =
+      R"({"command":"touch a; i=0; while [ ! -f b ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f b && echo A-saw-B"})";
+  const std::string b =
+      R"({"command":"touch b; i=0; while [ ! -f a ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f a && echo B-saw-A"})";
+  ScriptedEndpoint ep(
+      {reply(tool_calls_message({{"shell__run", a}, {"shell__run", b}})), reply(text_message("ok"))});
   RunResult r = run_fathom(agent_args(ep, ws, "rendezvous"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto reqs = ep.requests();
@@ -97,12 +115,13 @@ TEST(AgentLoop, RunsParallelToolCallsConcurrently) {
 
 TEST(AgentLoop, ReportsBadToolCallsToTheModelAndKeepsGoing) {
   const std::string ws = make_temp_dir("bad");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"files__read_file", R"({"path": "x.txt", )"},   // malformed JSON
-                                                 {"nosuch__tool", R"({})"},                        // unknown tool
-                                                 {"files__read_file", R"({"path": 42})"},           // schema: type
-                                                 {"files__read_file", R"({"file": "x"})"},          // schema: required
-                                                 {"files__read_file", R"({"path": "missing.txt"})"}})),  // tool error
-                       reply(text_message("recovered"))});
+  ScriptedEndpoint ep(
+      {reply(tool_calls_message({{"files__read_file", R"({"path": "x.txt", )"},          // malformed JSON
+                                 {"nosuch__tool", R"({})"},                              // unknown tool
+                                 {"files__read_file", R"({"path": 42})"},                // schema: type
+                                 {"files__read_file", R"({"file": "x"})"},               // schema: required
+                                 {"files__read_file", R"({"path": "missing.txt"})"}})),  // tool error
+       reply(text_message("recovered"))});
   RunResult r = run_fathom(agent_args(ep, ws, "try things"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto results = tool_messages(ep.requests()[1]);
@@ -118,7 +137,8 @@ TEST(AgentLoop, ReportsBadToolCallsToTheModelAndKeepsGoing) {
 
 TEST(AgentLoop, StopsAtTheStepLimit) {
   const std::string ws = make_temp_dir("steps");
-  std::vector<ScriptedEndpoint::Step> forever(10, reply(tool_calls_message({{"files__list_directory", "{}"}})));
+  std::vector<ScriptedEndpoint::Step> forever(10,
+                                              reply(tool_calls_message({{"files__list_directory", "{}"}})));
   ScriptedEndpoint ep(forever);
   auto args = agent_args(ep, ws, "loop");
   args.insert(args.end() - 1, {"--max-steps", "3"});
@@ -130,7 +150,8 @@ TEST(AgentLoop, StopsAtTheStepLimit) {
 
 TEST(AgentLoop, StopsAtTheTokenBudget) {
   const std::string ws = make_temp_dir("budget");
-  std::vector<ScriptedEndpoint::Step> forever(10, reply(tool_calls_message({{"files__list_directory", "{}"}})));
+  std::vector<ScriptedEndpoint::Step> forever(10,
+                                              reply(tool_calls_message({{"files__list_directory", "{}"}})));
   ScriptedEndpoint ep(forever);  // usage: a quarter of the request size
   auto args = agent_args(ep, ws, "loop");
   args.insert(args.end() - 1, {"--max-tokens-total", "6000"});
@@ -151,7 +172,8 @@ TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
                        reply(text_message("read it thrice"))});
   const std::string traj = ws + ".ctx.jsonl";
   auto args = agent_args(ep, ws, "read big.txt");
-  args.insert(args.end() - 1, {"--context-tokens", "16000", "--reserve-tokens", "1000", "--trajectory", traj});
+  args.insert(args.end() - 1,
+              {"--context-tokens", "16000", "--reserve-tokens", "1000", "--trajectory", traj});
   RunResult r = run_fathom(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto reqs = ep.requests();
@@ -209,10 +231,11 @@ decision = "ask"
   {
     ScriptedEndpoint ep(script());
     auto args = agent_args(ep, ws, "try");
-    args.insert(args.end() - 1, {"--policy", dir + "/policy.toml", "--audit-log", dir + "/audit.jsonl", "--yes"});
+    args.insert(args.end() - 1,
+                {"--policy", dir + "/policy.toml", "--audit-log", dir + "/audit.jsonl", "--yes"});
     RunResult r = run_fathom(args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_TRUE(std::ifstream(ws + "/new.txt").good());  // ask -> allow with --yes
+    EXPECT_TRUE(std::ifstream(ws + "/new.txt").good());   // ask -> allow with --yes
     EXPECT_TRUE(std::ifstream(ws + "/keep.txt").good());  // deny stays deny
   }
   auto audit = read_jsonl(dir + "/audit.jsonl");
@@ -226,7 +249,8 @@ TEST(AgentLoop, RejectsABadPolicyFileByName) {
   const std::string dir = make_temp_dir("badpolicy");
   write_text(dir + "/p.json", R"({"rule":[{"tool":"x","decision":"maybe"}]})");
   ScriptedEndpoint ep({});
-  RunResult r = run_fathom({"agent", "--endpoint", ep.url(), "--model", "m", "--workspace", dir, "--policy", dir + "/p.json", "t"});
+  RunResult r = run_fathom({"agent", "--endpoint", ep.url(), "--model", "m", "--workspace", dir, "--policy",
+                            dir + "/p.json", "t"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("rule 1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("'maybe'"), std::string::npos) << r.err;
@@ -239,8 +263,8 @@ TEST(AgentLoop, ReportsAnEndpointThatIsDown) {
     ScriptedEndpoint gone({});
     port = gone.port();
   }
-  RunResult r = run_fathom({"agent", "--endpoint", "http://127.0.0.1:" + std::to_string(port) + "/v1", "--model", "m",
-                            "--workspace", ws, "hello"});
+  RunResult r = run_fathom({"agent", "--endpoint", "http://127.0.0.1:" + std::to_string(port) + "/v1",
+                            "--model", "m", "--workspace", ws, "hello"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("endpoint"), std::string::npos) << r.err;
 }
@@ -254,10 +278,10 @@ TEST(AgentLoop, AgentAgainstRealEndpoint) {
   if (!url) GTEST_SKIP() << "set FATHOM_AGENT_E2E_ENDPOINT to run against a real server";
   const char* model = std::getenv("FATHOM_AGENT_E2E_MODEL");
   const std::string ws = make_temp_dir("real");
-  RunResult r = run_fathom({"agent", "--endpoint", url, "--model", model ? model : "default", "--workspace", ws,
-                            "--plugin", "fathom mcp files", "--max-steps", "4", "--json",
-                            "List the files in the workspace, then say done."},
-                           {}, 600);
+  RunResult r = run_fathom(
+      {"agent", "--endpoint", url, "--model", model ? model : "default", "--workspace", ws, "--plugin",
+       "fathom mcp files", "--max-steps", "4", "--json", "List the files in the workspace, then say done."},
+      {}, 600);
   EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.err;
   json result = last_json_line(r.out);
   EXPECT_TRUE(result["status"] == "final" || result["status"] == "step_limit");

@@ -22,9 +22,20 @@ Attack setup(const std::string& tag) {
 
 RunResult run_agent(ScriptedEndpoint& ep, const Attack& a, std::vector<std::string> extra = {},
                     std::vector<std::string> env = {}) {
-  std::vector<std::string> args = {"agent", "--endpoint", ep.url(), "--model", "scripted", "--workspace", a.ws,
-                                   "--plugin", "fathom mcp files", "--plugin",
-                                   "fathom mcp shell --timeout 5 --output-cap 65536", "--tool-timeout", "30", "--json"};
+  std::vector<std::string> args = {"agent",
+                                   "--endpoint",
+                                   ep.url(),
+                                   "--model",
+                                   "scripted",
+                                   "--workspace",
+                                   a.ws,
+                                   "--plugin",
+                                   "fathom mcp files",
+                                   "--plugin",
+                                   "fathom mcp shell --timeout 5 --output-cap 65536",
+                                   "--tool-timeout",
+                                   "30",
+                                   "--json"};
   args.insert(args.end(), extra.begin(), extra.end());
   args.push_back("attack");
   return run_fathom(args, env, 150, source_dir() + "/tests/agent/outer_limit.sh");
@@ -38,14 +49,16 @@ std::vector<std::string> results_of(ScriptedEndpoint& ep, size_t request) {
 
 TEST(AgentSandbox, FileToolsCannotLeaveTheWorkspace) {
   Attack a = setup("fs-escape");
-  ScriptedEndpoint ep({reply(tool_calls_message({
-                           {"files__read_file", R"({"path":"../)" + a.outside.substr(a.outside.rfind('/') + 1) + R"(/secret.txt"})"},
-                           {"files__read_file", R"({"path":"link/secret.txt"})"},
-                           {"files__write_file", R"({"path":"link/planted.txt","content":"x"})"},
-                           {"files__write_file", R"({"path":"/etc/fathom-planted","content":"x"})"},
-                           {"files__list_directory", R"({"path":"link"})"},
-                           {"files__read_file", R"({"path":"/proc/self/root/etc/hostname"})"}})),
-                       reply(text_message("contained"))});
+  ScriptedEndpoint ep(
+      {reply(tool_calls_message(
+           {{"files__read_file",
+             R"({"path":"../)" + a.outside.substr(a.outside.rfind('/') + 1) + R"(/secret.txt"})"},
+            {"files__read_file", R"({"path":"link/secret.txt"})"},
+            {"files__write_file", R"({"path":"link/planted.txt","content":"x"})"},
+            {"files__write_file", R"({"path":"/etc/fathom-planted","content":"x"})"},
+            {"files__list_directory", R"({"path":"link"})"},
+            {"files__read_file", R"({"path":"/proc/self/root/etc/hostname"})"}})),
+       reply(text_message("contained"))});
   RunResult r = run_agent(ep, a);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto res = results_of(ep, 1);
@@ -67,9 +80,11 @@ TEST(AgentSandbox, ShellSeesOnlyTheWorkspaceAndCannotWriteElsewhere) {
   const std::string conf = make_temp_dir("agent-conf");
   write_text(conf + "/policy.json", R"({"rule":[]})");
   const std::string cmd = "cat " + a.outside + "/secret.txt; cat link/secret.txt; cat " + conf +
-                          "/policy.json; ls /root /home " + source_dir() + "; env; echo x > /etc/fathom-planted; "
+                          "/policy.json; ls /root /home " + source_dir() +
+                          "; env; echo x > /etc/fathom-planted; "
                           "echo x > /usr/fathom-planted; id -u; echo done";
-  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", json{{"command", cmd}}.dump()}})), reply(text_message("ok"))});
+  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", json{{"command", cmd}}.dump()}})),
+                       reply(text_message("ok"))});
   RunResult r = run_agent(ep, a, {"--policy", conf + "/policy.json", "--api-key-env", "FATHOM_TEST_API_KEY"},
                           {"FATHOM_TEST_API_KEY=sk-test-DO-NOT-LEAK"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -93,8 +108,9 @@ TEST(AgentSandbox, NoNetworkNotEvenTheLocalInferenceServer) {
   const std::string js = "require('net').connect(" + std::to_string(ep.port()) +
                          ",'127.0.0.1').on('connect',()=>{console.log('CONNECTED');process.exit(0)})"
                          ".on('error',e=>{console.log('blocked: '+e.code);process.exit(1)})";
-  ScriptedEndpoint ep2({reply(tool_calls_message({{"shell__run", json{{"command", "node -e \"" + js + "\""}}.dump()}})),
-                        reply(text_message("ok"))});
+  ScriptedEndpoint ep2(
+      {reply(tool_calls_message({{"shell__run", json{{"command", "node -e \"" + js + "\""}}.dump()}})),
+       reply(text_message("ok"))});
   RunResult r = run_agent(ep2, a);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto res = results_of(ep2, 1);
@@ -128,7 +144,8 @@ TEST(AgentSandbox, ProbeReportsTheActiveProtections) {
   const std::string ws = make_temp_dir("probe");
   RunResult r = run_fathom({"agent", "probe", "--workspace", ws, "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  json j = json::parse(r.out.substr(r.out.rfind('{', r.out.rfind("\"active\"")) == std::string::npos ? 0 : 0));
+  json j =
+      json::parse(r.out.substr(r.out.rfind('{', r.out.rfind("\"active\"")) == std::string::npos ? 0 : 0));
   ASSERT_TRUE(j.contains("active"));
   // Whatever the host allows is stated plainly; these hold on any Linux the harness supports.
   EXPECT_TRUE(j["active"]["no_new_privs"].get<bool>());

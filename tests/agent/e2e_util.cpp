@@ -13,7 +13,8 @@
 
 namespace fathom::agent::test {
 
-json tool_calls_message(const std::vector<std::pair<std::string, std::string>>& calls, const std::string& text) {
+json tool_calls_message(const std::vector<std::pair<std::string, std::string>>& calls,
+                        const std::string& text) {
   json tc = json::array();
   for (size_t i = 0; i < calls.size(); ++i)
     tc.push_back({{"id", "call_" + std::to_string(i) + "_" + calls[i].first},
@@ -22,7 +23,9 @@ json tool_calls_message(const std::vector<std::pair<std::string, std::string>>& 
   return {{"role", "assistant"}, {"content", text.empty() ? json() : json(text)}, {"tool_calls", tc}};
 }
 
-json text_message(const std::string& text) { return {{"role", "assistant"}, {"content", text}}; }
+json text_message(const std::string& text) {
+  return {{"role", "assistant"}, {"content", text}};
+}
 
 ScriptedEndpoint::Step reply(json message) {
   return [message](const json&) { return message; };
@@ -35,7 +38,9 @@ namespace {
 std::string to_sse(const json& m, int64_t prompt_tokens) {
   std::string out;
   auto chunk = [&](json delta, json finish = nullptr) {
-    json c = {{"id", "chatcmpl-test"}, {"object", "chat.completion.chunk"}, {"model", "scripted"},
+    json c = {{"id", "chatcmpl-test"},
+              {"object", "chat.completion.chunk"},
+              {"model", "scripted"},
               {"choices", json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}};
     out += "data: " + c.dump() + "\n\n";
   };
@@ -48,21 +53,36 @@ std::string to_sse(const json& m, int64_t prompt_tokens) {
     for (size_t i = 0; i < m["tool_calls"].size(); ++i) {
       const json& tc = m["tool_calls"][i];
       const std::string args = tc["function"].value("arguments", "");
-      chunk({{"tool_calls", json::array({{{"index", i}, {"id", tc.value("id", "")}, {"type", "function"},
-                                          {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}}})}});
-      chunk({{"tool_calls", json::array({{{"index", i}, {"function", {{"arguments", args.substr(0, args.size() / 2)}}}}})}});
-      chunk({{"tool_calls", json::array({{{"index", i}, {"function", {{"arguments", args.substr(args.size() / 2)}}}}})}});
+      chunk({{"tool_calls",
+              json::array({{{"index", i},
+                            {"id", tc.value("id", "")},
+                            {"type", "function"},
+                            {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}}})}});
+      chunk(
+          {{"tool_calls",
+            json::array({{{"index", i}, {"function", {{"arguments", args.substr(0, args.size() / 2)}}}}})}});
+      chunk({{"tool_calls",
+              json::array({{{"index", i}, {"function", {{"arguments", args.substr(args.size() / 2)}}}}})}});
     }
   }
   chunk(json::object(), m.contains("tool_calls") ? "tool_calls" : "stop");
-  out += "data: " + json{{"id", "chatcmpl-test"}, {"choices", json::array()}, {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", 10}, {"total_tokens", prompt_tokens + 10}}}}.dump() + "\n\n";
+  out += "data: " +
+         json{{"id", "chatcmpl-test"},
+              {"choices", json::array()},
+              {"usage",
+               {{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", 10},
+                {"total_tokens", prompt_tokens + 10}}}}
+             .dump() +
+         "\n\n";
   out += "data: [DONE]\n\n";
   return out;
 }
 
 }  // namespace
 
-ScriptedEndpoint::ScriptedEndpoint(std::vector<Step> script, Mode mode) : script_(std::move(script)), mode_(mode) {
+ScriptedEndpoint::ScriptedEndpoint(std::vector<Step> script, Mode mode)
+    : script_(std::move(script)), mode_(mode) {
   server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     json body = json::parse(req.body, nullptr, false);
     // Usage as a tokenizer would roughly count it: 4 characters of request per token.
@@ -77,10 +97,18 @@ ScriptedEndpoint::ScriptedEndpoint(std::vector<Step> script, Mode mode) : script
     if (mode_ == Mode::kSse && body.value("stream", false)) {
       res.set_content(to_sse(message, prompt_tokens), "text/event-stream");
     } else {
-      json full = {{"id", "chatcmpl-test"}, {"object", "chat.completion"}, {"model", "scripted"},
-                   {"choices", json::array({{{"index", 0}, {"message", message},
-                                             {"finish_reason", message.contains("tool_calls") ? "tool_calls" : "stop"}}})},
-                   {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", 10}, {"total_tokens", prompt_tokens + 10}}}};
+      json full = {
+          {"id", "chatcmpl-test"},
+          {"object", "chat.completion"},
+          {"model", "scripted"},
+          {"choices",
+           json::array({{{"index", 0},
+                         {"message", message},
+                         {"finish_reason", message.contains("tool_calls") ? "tool_calls" : "stop"}}})},
+          {"usage",
+           {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", 10},
+            {"total_tokens", prompt_tokens + 10}}}};
       res.set_content(full.dump(), "application/json");
     }
   });
@@ -94,7 +122,9 @@ ScriptedEndpoint::~ScriptedEndpoint() {
   thread_.join();
 }
 
-std::string ScriptedEndpoint::url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/v1"; }
+std::string ScriptedEndpoint::url() const {
+  return "http://127.0.0.1:" + std::to_string(port_) + "/v1";
+}
 
 std::vector<json> ScriptedEndpoint::requests() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -103,12 +133,12 @@ std::vector<json> ScriptedEndpoint::requests() {
 
 std::string fathom_bin() {
   const char* b = std::getenv("FATHOM_BIN");
-  return b ? b : "build/bin/fathom";
+  return b ? b : FATHOM_TEST_BIN;
 }
 
 std::string source_dir() {
   const char* s = std::getenv("FATHOM_SOURCE_DIR");
-  return s ? s : ".";
+  return s ? s : FATHOM_TEST_SOURCE_DIR;
 }
 
 std::string npm_server(const std::string& name) {

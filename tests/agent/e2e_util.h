@@ -17,7 +17,8 @@ namespace fathom::agent::test {
 using json = nlohmann::json;
 
 // An assistant message with tool calls: {{"files__read_file", R"({"path":"a"})"}, ...}.
-json tool_calls_message(const std::vector<std::pair<std::string, std::string>>& calls, const std::string& text = "");
+json tool_calls_message(const std::vector<std::pair<std::string, std::string>>& calls,
+                        const std::string& text = "");
 json text_message(const std::string& text);
 
 class ScriptedEndpoint {
@@ -50,12 +51,13 @@ struct RunResult {
   std::string out, err;
 };
 // Runs build/bin/fathom with args (and extra "K=V" env), killing it after timeout_s.
-RunResult run_fathom(const std::vector<std::string>& args, const std::vector<std::string>& env = {}, int timeout_s = 120,
-                     const std::string& wrapper = "");
+RunResult run_fathom(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                     int timeout_s = 120, const std::string& wrapper = "");
 
 std::string fathom_bin();
 std::string source_dir();
-std::string npm_server(const std::string& name);  // .../node_modules/@modelcontextprotocol/<name>/dist/index.js
+std::string npm_server(
+    const std::string& name);  // .../node_modules/@modelcontextprotocol/<name>/dist/index.js
 std::string make_temp_dir(const std::string& tag);
 void write_text(const std::string& path, const std::string& text);
 std::string read_text(const std::string& path);

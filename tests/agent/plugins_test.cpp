@@ -20,12 +20,14 @@ class Plugins : public ::testing::Test {
  protected:
   void SetUp() override { set_self_executable(fathom_bin()); }
 
-  std::unique_ptr<PluginHost> host(const std::string& ws, const std::vector<std::string>& specs, const std::string& dir = "",
-                                   int64_t timeout_ms = 20000, std::map<std::string, std::string> env = {}) {
+  std::unique_ptr<PluginHost> host(const std::string& ws, const std::vector<std::string>& specs,
+                                   const std::string& dir = "", int64_t timeout_ms = 20000,
+                                   std::map<std::string, std::string> env = {}) {
     std::vector<PluginManifest> ms;
     for (const auto& s : specs) ms.push_back(manifest_from_command_line(s, ws).value());
     for (auto& m : ms) m.env.insert(env.begin(), env.end());
-    PluginHostOptions o{.workspace = ws, .plugins_dir = dir, .sandbox = {.workspace = ws}, .tool_timeout_ms = timeout_ms};
+    PluginHostOptions o{
+        .workspace = ws, .plugins_dir = dir, .sandbox = {.workspace = ws}, .tool_timeout_ms = timeout_ms};
     auto h = PluginHost::create(o, ms);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     return std::move(*h);
@@ -50,22 +52,27 @@ class Plugins : public ::testing::Test {
 
 TEST_F(Plugins, NpmServersWorkAsSandboxedPlugins) {
   const std::string ws = make_temp_dir("npm");
-  auto h = host(ws, {"node " + npm_server("server-filesystem") + " " + ws, "node " + npm_server("server-memory"),
-                     "node " + npm_server("server-everything")},
-                "", 20000, {{"MEMORY_FILE_PATH", ws + "/memory.jsonl"}});  // its default is its (read-only) install dir
+  auto h = host(ws,
+                {"node " + npm_server("server-filesystem") + " " + ws, "node " + npm_server("server-memory"),
+                 "node " + npm_server("server-everything")},
+                "", 20000,
+                {{"MEMORY_FILE_PATH", ws + "/memory.jsonl"}});  // its default is its (read-only) install dir
   ASSERT_TRUE(has_tool(*h, "filesystem__write_file"));
   ASSERT_TRUE(has_tool(*h, "memory__create_entities"));
   ASSERT_TRUE(has_tool(*h, "everything__echo"));
-  auto w = h->call("filesystem__write_file", {{"path", ws + "/from-npm.txt"}, {"content", "npm wrote this"}}, 20000, {}, nullptr);
+  auto w = h->call("filesystem__write_file", {{"path", ws + "/from-npm.txt"}, {"content", "npm wrote this"}},
+                   20000, {}, nullptr);
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   EXPECT_FALSE(w->is_error) << w->text();
   EXPECT_EQ(read_text(ws + "/from-npm.txt"), "npm wrote this");
   auto outside = h->call("filesystem__read_text_file", {{"path", "/etc/passwd"}}, 20000, {}, nullptr);
   ASSERT_TRUE(outside.ok());
   EXPECT_TRUE(outside->is_error) << outside->text();  // its own allow-list, inside our sandbox
-  auto e = h->call("memory__create_entities",
-                   {{"entities", json::array({{{"name", "fathom"}, {"entityType", "project"}, {"observations", {"agent"}}}})}},
-                   20000, {}, nullptr);
+  auto e =
+      h->call("memory__create_entities",
+              {{"entities",
+                json::array({{{"name", "fathom"}, {"entityType", "project"}, {"observations", {"agent"}}}})}},
+              20000, {}, nullptr);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   EXPECT_FALSE(e->is_error) << e->text();
   auto g = h->call("memory__read_graph", json::object(), 20000, {}, nullptr);
@@ -75,8 +82,9 @@ TEST_F(Plugins, NpmServersWorkAsSandboxedPlugins) {
   ASSERT_TRUE(echo.ok());
   EXPECT_NE(echo->text().find("hello mcp"), std::string::npos);
   std::atomic<int> progress{0};
-  auto lr = h->call("everything__trigger-long-running-operation", {{"duration", 1}, {"steps", 3}}, 20000,
-                    [&](double, double, const std::string&) { progress++; }, nullptr);
+  auto lr = h->call(
+      "everything__trigger-long-running-operation", {{"duration", 1}, {"steps", 3}}, 20000,
+      [&](double, double, const std::string&) { progress++; }, nullptr);
   ASSERT_TRUE(lr.ok()) << lr.status().to_string();
   EXPECT_GE(progress.load(), 2);  // progress notifications reached the caller
 }
@@ -95,11 +103,14 @@ TEST_F(Plugins, FathomServersAnswerTheOfficialSdkClient) {
     auto r = run_command(spec, nullptr, {});
     EXPECT_TRUE(r.ok());
     EXPECT_EQ(r->exit_status, 0) << r->err;
-    return json::parse(r->out.substr(r->out.rfind("\n{") == std::string::npos ? 0 : r->out.rfind("\n{") + 1), nullptr, false);
+    return json::parse(r->out.substr(r->out.rfind("\n{") == std::string::npos ? 0 : r->out.rfind("\n{") + 1),
+                       nullptr, false);
   };
-  json files = run_sdk(json::array({{{"name", "read_file"}, {"arguments", {{"path", "a.txt"}, {"start_line", 2}}}},
-                                    {{"name", "edit_file"}, {"arguments", {{"path", "a.txt"}, {"old_text", "x"}, {"new_text", "y"}}}}}),
-                       {"mcp", "files", "--workspace", ws, "--page-size", "2"});
+  json files =
+      run_sdk(json::array({{{"name", "read_file"}, {"arguments", {{"path", "a.txt"}, {"start_line", 2}}}},
+                           {{"name", "edit_file"},
+                            {"arguments", {{"path", "a.txt"}, {"old_text", "x"}, {"new_text", "y"}}}}}),
+              {"mcp", "files", "--workspace", ws, "--page-size", "2"});
   ASSERT_FALSE(files.is_discarded());
   EXPECT_EQ(files["pages"], 3);  // 6 tools, 2 per page: the SDK followed nextCursor
   EXPECT_EQ(files["tools"].size(), 6u);
@@ -108,13 +119,15 @@ TEST_F(Plugins, FathomServersAnswerTheOfficialSdkClient) {
   EXPECT_TRUE(files["calls"][1]["isError"].get<bool>());
   EXPECT_TRUE(files["ping"].get<bool>());
 
-  json shell = run_sdk(json::array({{{"name", "run"}, {"arguments", {{"command", "sleep 1.5; echo from-sdk"}}}}}),
-                       {"mcp", "shell", "--workspace", ws});
+  json shell =
+      run_sdk(json::array({{{"name", "run"}, {"arguments", {{"command", "sleep 1.5; echo from-sdk"}}}}}),
+              {"mcp", "shell", "--workspace", ws});
   EXPECT_NE(shell["calls"][0]["text"].get<std::string>().find("from-sdk"), std::string::npos);
   EXPECT_GE(shell["progress"].get<int>(), 1);
 
   CommandSpec mk;  // a database to query
-  mk.argv = {"sqlite3", ws + "/d.db", "create table t(x int, y text); insert into t values (1,'one'),(2,'two');"};
+  mk.argv = {"sqlite3", ws + "/d.db",
+             "create table t(x int, y text); insert into t values (1,'one'),(2,'two');"};
   mk.env = environment_subset({"PATH"});
   mk.sandbox.mode = "off";
   ASSERT_TRUE(run_command(mk, nullptr, {}).ok());
@@ -130,7 +143,8 @@ TEST_F(Plugins, FathomServersAnswerTheOfficialSdkClient) {
   json build = run_sdk(json::array({{{"name", "run_compile"}, {"arguments", json::object()}}}),
                        {"mcp", "build", "--workspace", ws, "--command", "compile=cc -c bad.c -o /tmp/bad.o"});
   EXPECT_TRUE(build["calls"][0]["isError"].get<bool>());
-  EXPECT_NE(build["calls"][0]["text"].get<std::string>().find("1 error(s)"), std::string::npos) << build.dump();
+  EXPECT_NE(build["calls"][0]["text"].get<std::string>().find("1 error(s)"), std::string::npos)
+      << build.dump();
 }
 
 TEST_F(Plugins, BrokenServersFailTheirCallsAndAreRestarted) {
@@ -145,7 +159,8 @@ TEST_F(Plugins, BrokenServersFailTheirCallsAndAreRestarted) {
     ASSERT_TRUE(eventually([&] { return has_tool(*h, c.tool); })) << "not restarted before " << c.tool;
     auto r = h->call(c.tool, json::object(), c.tool == "bad__hang" ? 1500 : 20000, {}, nullptr);
     ASSERT_FALSE(r.ok()) << c.tool;
-    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.tool << ": " << r.status().message();
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << c.tool << ": " << r.status().message();
   }
   ASSERT_TRUE(eventually([&] { return has_tool(*h, "bad__ok"); }));
   auto ok = h->call("bad__ok", json::object(), 5000, {}, nullptr);
@@ -159,7 +174,8 @@ TEST_F(Plugins, BrokenServersFailTheirCallsAndAreRestarted) {
 TEST_F(Plugins, HotSwapsManifestsWithoutDisturbingOtherCalls) {
   const std::string ws = make_temp_dir("hotswap");
   const std::string dir = make_temp_dir("plugins");
-  write_text(dir + "/slow.toml", "command = \"fathom\"\nargs = [\"mcp\", \"echo\"]\n[permissions]\ndefault = \"allow\"\n");
+  write_text(dir + "/slow.toml",
+             "command = \"fathom\"\nargs = [\"mcp\", \"echo\"]\n[permissions]\ndefault = \"allow\"\n");
   auto h = host(ws, {}, dir);
   ASSERT_TRUE(has_tool(*h, "slow__sleep"));
   std::atomic<bool> done{false};
@@ -173,11 +189,13 @@ TEST_F(Plugins, HotSwapsManifestsWithoutDisturbingOtherCalls) {
   ASSERT_TRUE(eventually([&] { return has_tool(*h, "quick__echo"); }));
   auto r = h->call("quick__echo", {{"text", "v1"}}, 5000, {}, nullptr);
   ASSERT_TRUE(r.ok());
-  write_text(dir + "/quick.json", R"({"command":"fathom","args":["mcp","files","--workspace","${workspace}"]})");
+  write_text(dir + "/quick.json",
+             R"({"command":"fathom","args":["mcp","files","--workspace","${workspace}"]})");
   ASSERT_TRUE(eventually([&] { return has_tool(*h, "quick__read_file") && !has_tool(*h, "quick__echo"); }));
   ::unlink((dir + "/quick.json").c_str());
   ASSERT_TRUE(eventually([&] { return !has_tool(*h, "quick__read_file"); }));
-  write_text(dir + "/broken.toml", "command = [not toml");  // a bad manifest is reported, nothing else changes
+  write_text(dir + "/broken.toml",
+             "command = [not toml");  // a bad manifest is reported, nothing else changes
   h->poll_now();
   slow.join();
   ASSERT_TRUE(slow_result.ok()) << slow_result.status().to_string();
@@ -187,7 +205,8 @@ TEST_F(Plugins, HotSwapsManifestsWithoutDisturbingOtherCalls) {
 
 TEST_F(Plugins, ClientPaginatesReportsProgressCancelsAndPings) {
   const std::string ws = make_temp_dir("client");
-  auto c = McpClient::start({fathom_bin(), "mcp", "echo", "--page-size", "1"}, environment_subset({"PATH"}), ws, {});
+  auto c = McpClient::start({fathom_bin(), "mcp", "echo", "--page-size", "1"}, environment_subset({"PATH"}),
+                            ws, {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ((*c)->protocol_version(), "2025-11-25");
   auto tools = (*c)->list_tools();
@@ -223,7 +242,9 @@ TEST_F(Plugins, ToolListChangesReachTheHostMidConversation) {
   auto h = host(ws, {"fathom mcp build --config " + ws + "/build.toml"});
   ASSERT_TRUE(has_tool(*h, "build__run_test"));
   const uint64_t v = h->tools_version();
-  write_text(ws + "/build.toml", "[[command]]\nname = \"test\"\nrun = \"echo testing\"\n[[command]]\nname = \"lint\"\nrun = \"echo linting\"\n");
+  write_text(ws + "/build.toml",
+             "[[command]]\nname = \"test\"\nrun = \"echo testing\"\n[[command]]\nname = \"lint\"\nrun = "
+             "\"echo linting\"\n");
   ASSERT_TRUE(eventually([&] { return has_tool(*h, "build__run_lint"); }));
   EXPECT_GT(h->tools_version(), v);
   auto r = h->call("build__run_lint", json::object(), 10000, {}, nullptr);
