@@ -278,16 +278,21 @@ Result<AgentResult> Agent::run(const std::string& task) {
         s.chars_per_token = std::clamp(static_cast<double>(request_chars) / static_cast<double>(p), 1.0, 8.0);
     }
     json msg = response->message;
+    if (!msg.is_object()) return corrupt("endpoint answer: the message is not an object");
     msg["role"] = "assistant";
     msg.erase("reasoning_content");  // DeepSeek asks clients not to send it back
     json calls =
         msg.contains("tool_calls") && msg["tool_calls"].is_array() ? msg["tool_calls"] : json::array();
     for (size_t i = 0; i < calls.size(); ++i) {
       if (!calls[i].is_object()) calls[i] = json::object();
-      if (calls[i].value("id", "").empty()) calls[i]["id"] = fmt::format("call_{}_{}", step, i);
+      if (!calls[i].contains("id") || !calls[i]["id"].is_string() ||
+          calls[i]["id"].get<std::string>().empty())
+        calls[i]["id"] = fmt::format("call_{}_{}", step, i);
       calls[i]["type"] = "function";
       if (!calls[i].contains("function") || !calls[i]["function"].is_object())
         calls[i]["function"] = {{"name", ""}, {"arguments", ""}};
+      if (!calls[i]["function"].contains("name") || !calls[i]["function"]["name"].is_string())
+        calls[i]["function"]["name"] = "";
     }
     if (calls.empty()) {
       msg.erase("tool_calls");

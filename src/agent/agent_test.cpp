@@ -162,6 +162,55 @@ TEST(ChatStream, ReassemblesFragmentedSseAndPlainJson) {
   EXPECT_FALSE(bad_event.feed("data: {not json}\n\n").ok());
 }
 
+TEST(ChatStream, TypeConfusedEventsAreErrorsNotCrashes) {
+  const std::vector<std::string> events = {R"({"choices":[5]})",
+                                           R"({"choices":[{"delta":{"tool_calls":[7]}}]})",
+                                           R"({"choices":[{"delta":{"content":5}}]})",
+                                           R"({"choices":[{"delta":{"tool_calls":[{"index":"x"}]}}]})",
+                                           R"({"choices":[{"delta":"text"}]})",
+                                           R"({"choices":[{"finish_reason":3,"delta":{}}]})",
+                                           R"({"usage":7,"choices":[]})",
+                                           R"([1,2])",
+                                           R"("str")"};
+  for (const auto& e : events) {
+    ChatStreamParser p({});
+    Status s = p.feed("data: " + e + "\n\n");
+    if (s.ok()) (void)p.finish(true);  // either an error or a response: never an exception
+  }
+  const uint64_t seed = static_cast<uint64_t>(::time(nullptr)) ^ 0x5eed;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::vector<std::string> atoms = {"{",
+                                          "}",
+                                          "[",
+                                          "]",
+                                          ",",
+                                          ":",
+                                          "\"choices\"",
+                                          "\"delta\"",
+                                          "\"tool_calls\"",
+                                          "\"index\"",
+                                          "\"function\"",
+                                          "\"arguments\"",
+                                          "\"content\"",
+                                          "1",
+                                          "null",
+                                          "\"x\"",
+                                          "true",
+                                          "-1",
+                                          "99999999999"};
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string body;
+    const int n = 1 + static_cast<int>(rng.below(30));
+    for (int i = 0; i < n; ++i) body += atoms[rng.below(atoms.size())];
+    ChatStreamParser sse({});
+    if (sse.feed("data: " + body + "\n\n").ok()) (void)sse.finish(true);
+    ChatStreamParser plain({});
+    (void)plain.feed(body);
+    (void)plain.finish(false);
+  }
+}
+
 TEST(Workspace, ConfinesDotDotSymlinksAndAbsolutePaths) {
   const std::string ws = temp_dir(), outside = temp_dir();
   std::ofstream(outside + "/secret") << "s";

@@ -4,11 +4,10 @@
 // config file is re-read when it changes and the client is told (tools/list_changed).
 #include <toml++/toml.h>
 
-#include <regex>
-
 #include "agent/builtins.h"
 #include "agent/command_runner.h"
 #include "agent/process.h"
+#include "agent/regex.h"
 #include "agent/workspace_fs.h"
 #include "base/strings.h"
 
@@ -25,15 +24,16 @@ bool valid_name(const std::string& n) {
 }
 
 std::string summarize_diagnostics(const std::string& output) {
-  static const std::regex diag(R"(^([^\s:][^:]*):(\d+)(?::(\d+))?: (fatal error|error|warning): (.*)$)");
+  static const Regex diag =
+      Regex::compile(R"(^([^\s:][^:]*):(\d+)(?::(\d+))?: (fatal error|error|warning): (.*)$)").value();
   int errors = 0, warnings = 0;
   std::string listed;
   int shown = 0;
+  std::vector<std::string> m;
   for (auto line : split(output, '\n')) {
-    std::smatch m;
     std::string l(line.substr(0, 2000));
-    if (!std::regex_match(l, m, diag)) continue;
-    (m[4].str() == "warning" ? warnings : errors)++;
+    if (!diag.search(l, &m) || m.size() < 6) continue;
+    (m[4] == "warning" ? warnings : errors)++;
     if (shown++ < 20) listed += "  " + l + "\n";
   }
   if (errors + warnings == 0) return "";

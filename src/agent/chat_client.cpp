@@ -30,6 +30,14 @@ Status ChatStreamParser::feed(std::string_view data) {
 }
 
 Status ChatStreamParser::handle_event(const std::string& data) {
+  try {
+    return handle_event_unchecked(data);
+  } catch (const std::exception& e) {
+    return corrupt("endpoint sent a malformed stream event ({}): {}", e.what(), data.substr(0, 200));
+  }
+}
+
+Status ChatStreamParser::handle_event_unchecked(const std::string& data) {
   if (data == "[DONE]") {
     done_ = true;
     return {};
@@ -73,6 +81,14 @@ Status ChatStreamParser::handle_event(const std::string& data) {
 }
 
 Result<ChatResponse> ChatStreamParser::finish(bool is_sse) {
+  try {
+    return finish_unchecked(is_sse);
+  } catch (const std::exception& e) {
+    return corrupt("endpoint answer is malformed ({}): {}", e.what(), body_.substr(0, 300));
+  }
+}
+
+Result<ChatResponse> ChatStreamParser::finish_unchecked(bool is_sse) {
   ChatResponse r;
   if (is_sse || saw_event_) {
     if (!buf_.empty()) TRY(feed("\n"));
@@ -92,6 +108,7 @@ Result<ChatResponse> ChatStreamParser::finish(bool is_sse) {
       !j["choices"][0].contains("message"))
     return corrupt("endpoint answer has no choices[0].message: {}", body_.substr(0, 300));
   r.message = j["choices"][0]["message"];
+  if (!r.message.is_object()) return corrupt("endpoint answer: choices[0].message is not an object");
   r.finish_reason = j["choices"][0].value("finish_reason", "");
   r.usage = j.value("usage", json());
   if (r.message.contains("content") && r.message["content"].is_string() && on_text_)

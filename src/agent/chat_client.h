@@ -59,6 +59,8 @@ class ChatStreamParser {
 
  private:
   Status handle_event(const std::string& data);
+  Status handle_event_unchecked(const std::string& data);
+  Result<ChatResponse> finish_unchecked(bool is_sse);
   std::function<void(const std::string&)> on_text_;
   std::string buf_, body_;
   std::string content_, reasoning_;

@@ -178,6 +178,14 @@ struct McpClient::Impl {
   }
 
   void handle_line(std::string_view line) {
+    try {
+      handle_line_unchecked(line);
+    } catch (const std::exception& e) {  // a field of the wrong type
+      protocol_error(std::string("malformed message (") + e.what() + "): " + excerpt(line));
+    }
+  }
+
+  void handle_line_unchecked(std::string_view line) {
     if (line.empty() || line == "\r") return;
     json msg = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (msg.is_discarded()) return protocol_error("stdout line is not JSON: " + excerpt(line));
@@ -378,7 +386,8 @@ Result<std::vector<McpTool>> McpClient::list_tools(int timeout_ms) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
         return corrupt("plugin '{}': tools/list entry without a name: {}", impl_->options.name,
                        excerpt(t.dump()));
-      McpTool tool{.name = t["name"], .description = t.value("description", "")};
+      McpTool tool{.name = t["name"]};
+      if (t.contains("description") && t["description"].is_string()) tool.description = t["description"];
       if (t.contains("inputSchema") && t["inputSchema"].is_object()) tool.input_schema = t["inputSchema"];
       tools.push_back(std::move(tool));
     }

@@ -93,14 +93,13 @@ struct McpServer::Impl {
         send({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", p}});
       };
       ToolOutput out;
-      if (Status s = validate_json(tool.input_schema, args); !s.ok()) {
-        out = tool_error("invalid arguments for " + tool.name + ": " + s.message());
-      } else {
-        try {
+      try {
+        if (Status s = validate_json(tool.input_schema, args); !s.ok())
+          out = tool_error("invalid arguments for " + tool.name + ": " + s.message());
+        else
           out = tool.run(args, ctx);
-        } catch (const std::exception& e) {
-          out = tool_error(std::string("internal error: ") + e.what());
-        }
+      } catch (const std::exception& e) {
+        out = tool_error(std::string("internal error: ") + e.what());
       }
       bool cancelled = cancel->load();
       if (!cancelled) {  // a cancelled request gets no response (MCP cancellation)
@@ -116,7 +115,18 @@ struct McpServer::Impl {
     }).detach();
   }
 
+  // Never lets a malformed request take the server down: type errors become -32602 answers.
   void handle(const json& msg) {
+    try {
+      handle_unchecked(msg);
+    } catch (const std::exception& e) {
+      const json& id =
+          msg.contains("id") && (msg["id"].is_string() || msg["id"].is_number_integer()) ? msg["id"] : json();
+      error(id, -32602, std::string("invalid params: ") + e.what());
+    }
+  }
+
+  void handle_unchecked(const json& msg) {
     const bool is_request = msg.contains("id") && !msg["id"].is_null();
     const json id = is_request ? msg["id"] : json();
     if (!msg.contains("method") || !msg["method"].is_string()) {

@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <regex>
 
+#include "agent/regex.h"
 #include "base/fs.h"
 #include "base/strings.h"
 
@@ -57,11 +57,8 @@ json toml_node_to_json(const toml::node& n) {
 
 bool matches(const std::string& pattern, const std::string& value) {
   if (starts_with(pattern, "re:")) {
-    try {
-      return std::regex_search(value, std::regex(pattern.substr(3)));
-    } catch (const std::regex_error&) {
-      return false;  // validated at load time
-    }
+    auto re = Regex::compile(pattern.substr(3));  // validated when the policy was loaded
+    return re.ok() && re->search(value);
   }
   return ::fnmatch(pattern.c_str(), value.c_str(), 0) == 0;
 }
@@ -69,6 +66,14 @@ bool matches(const std::string& pattern, const std::string& value) {
 }  // namespace
 
 Result<Policy> Policy::from_json(const json& j, const std::string& source) {
+  try {
+    return from_json_unchecked(j, source);
+  } catch (const std::exception& e) {
+    return invalid_argument("{}: {}", source, e.what());
+  }
+}
+
+Result<Policy> Policy::from_json_unchecked(const json& j, const std::string& source) {
   Policy p;
   if (!j.is_object())
     return invalid_argument("{}: a policy is an object with 'default' and 'rule' entries", source);
@@ -93,13 +98,9 @@ Result<Policy> Policy::from_json(const json& j, const std::string& source) {
       const json& v = it.value();
       if (!v.is_string()) return invalid_argument("{}: args.{} must be a pattern string", where, k);
       rule.args[k] = v.get<std::string>();
-      if (starts_with(rule.args[k], "re:")) {
-        try {
-          std::regex re(rule.args[k].substr(3));
-        } catch (const std::regex_error& e) {
-          return invalid_argument("{}: args.{}: bad regex: {}", where, k, e.what());
-        }
-      }
+      if (starts_with(rule.args[k], "re:"))
+        if (auto re = Regex::compile(rule.args[k].substr(3)); !re.ok())
+          return invalid_argument("{}: args.{}: bad {}", where, k, re.status().message());
     }
     p.rules_.push_back(std::move(rule));
   }

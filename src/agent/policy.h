@@ -44,6 +44,7 @@ class Policy {
  public:
   static Result<Policy> load(const std::string& path);
   static Result<Policy> from_json(const nlohmann::json& j, const std::string& source);
+  static Result<Policy> from_json_unchecked(const nlohmann::json& j, const std::string& source);
   Verdict decide(const std::string& tool, const nlohmann::json& args,
                  const std::string& plugin_default) const;
 

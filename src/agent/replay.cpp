@@ -36,7 +36,20 @@ std::string first_difference(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+namespace {
+Result<ReplayReport> replay_unchecked(const ReplayOptions& o);
+}
+
 Result<ReplayReport> replay_trajectory(const ReplayOptions& o) {
+  try {
+    return replay_unchecked(o);
+  } catch (const std::exception& e) {
+    return corrupt("{}: malformed trajectory: {}", o.trajectory_path, e.what());
+  }
+}
+
+namespace {
+Result<ReplayReport> replay_unchecked(const ReplayOptions& o) {
   const std::vector<json> events = TRY(read_trajectory(o.trajectory_path));
   const json& meta = events[0];
   const std::string workspace = o.workspace.empty() ? meta.value("workspace", ".") : o.workspace;
@@ -101,5 +114,7 @@ Result<ReplayReport> replay_trajectory(const ReplayOptions& o) {
   }
   return report;
 }
+
+}  // namespace
 
 }  // namespace fathom::agent

@@ -21,7 +21,25 @@ std::string cap_text(std::string s, size_t max_chars) {
 
 }  // namespace
 
+namespace {
+ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call);
+}
+
 ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
+  try {
+    return execute_unchecked(ctx, call);
+  } catch (const std::exception& e) {  // a field of the wrong type in the model's call
+    ToolOutcome out;
+    out.text = std::string("Error: malformed tool call: ") + e.what();
+    out.is_error = true;
+    out.decision = "invalid";
+    log_warn("malformed tool call {}: {}", call.dump().substr(0, 200), e.what());
+    return out;
+  }
+}
+
+namespace {
+ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
   Timer t;
   ToolOutcome out;
   out.id = call.value("id", "");
@@ -117,5 +135,7 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
   out.text = cap_text(r->is_error ? "Error: " + r->text() : r->text(), ctx.max_chars);
   return out;
 }
+
+}  // namespace
 
 }  // namespace fathom::agent

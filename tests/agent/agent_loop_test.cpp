@@ -135,6 +135,27 @@ TEST(AgentLoop, ReportsBadToolCallsToTheModelAndKeepsGoing) {
   EXPECT_EQ(last_json_line(r.out)["tool_errors"], 5);
 }
 
+TEST(AgentLoop, SurvivesTypeConfusedToolCallsFromTheModel) {
+  const std::string ws = make_temp_dir("confused");
+  json weird = {
+      {"role", "assistant"},
+      {"content", nullptr},
+      {"tool_calls",
+       json::array({{{"id", 5}, {"type", "function"}, {"function", "files__list_directory"}},
+                    {{"id", "ok"}, {"function", {{"name", 42}, {"arguments", 7}}}},
+                    {{"id", "args-object"},
+                     {"function", {{"name", "files__list_directory"}, {"arguments", json::object()}}}}})}};
+  ScriptedEndpoint ep({reply(weird), reply(text_message("still here"))}, ScriptedEndpoint::Mode::kPlainJson);
+  RunResult r = run_fathom(agent_args(ep, ws, "go"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto results = tool_messages(ep.requests()[1]);
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_NE(results[0].find("unknown tool ''"), std::string::npos) << results[0];
+  EXPECT_NE(results[1].find("unknown tool ''"), std::string::npos) << results[1];
+  EXPECT_EQ(results[2].find("Error"), std::string::npos)
+      << results[2];  // an object for arguments is accepted
+}
+
 TEST(AgentLoop, StopsAtTheStepLimit) {
   const std::string ws = make_temp_dir("steps");
   std::vector<ScriptedEndpoint::Step> forever(10,

@@ -11,6 +11,7 @@
 #include "agent/mcp_client.h"
 #include "agent/plugin_host.h"
 #include "agent/process.h"
+#include "base/fs.h"
 #include "e2e_util.h"
 
 namespace fathom::agent::test {
@@ -234,6 +235,41 @@ TEST_F(Plugins, ClientPaginatesReportsProgressCancelsAndPings) {
   ASSERT_FALSE(timed_out.ok());
   EXPECT_EQ(timed_out.status().code(), StatusCode::kTimeout);
   EXPECT_TRUE((*c)->ping().ok());
+}
+
+TEST_F(Plugins, BuiltinServerSurvivesMalformedRequests) {
+  const std::string ws = make_temp_dir("malformed");
+  auto p = ChildProcess::spawn(
+      {.argv = {fathom_bin(), "mcp", "echo"}, .env = environment_subset({"PATH"}), .cwd = ws});
+  ASSERT_TRUE(p.ok());
+  const std::vector<std::string> lines = {
+      "not json",
+      "[1,2,3]",
+      R"({"jsonrpc":"1.0","id":1,"method":"ping"})",
+      R"({"jsonrpc":"2.0","id":{"a":1},"method":"ping"})",
+      R"({"jsonrpc":"2.0","id":2,"method":"initialize","params":5})",
+      R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":7}})",
+      R"({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"echo","arguments":"str"}})",
+      R"({"jsonrpc":"2.0","id":5,"method":"tools/list","params":{"cursor":"zz"}})",
+      R"({"jsonrpc":"2.0","id":6,"method":"nope"})",
+      R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":[]})",
+      R"({"jsonrpc":"2.0","id":7,"method":"ping"})"};
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  ASSERT_TRUE(write_all((*p)->stdin_fd(), all.data(), all.size(), "stdin").ok());
+  std::string out;
+  char buf[4096];
+  while (out.find(R"("id":7)") == std::string::npos) {
+    ssize_t n = ::read((*p)->stdout_fd(), buf, sizeof(buf));
+    ASSERT_GT(n, 0) << "server died; output so far: " << out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_NE(out.find("-32700"), std::string::npos);  // parse error
+  EXPECT_NE(out.find("-32600"), std::string::npos);  // invalid request
+  EXPECT_NE(out.find("-32601"), std::string::npos);  // method not found
+  EXPECT_NE(out.find("-32602"), std::string::npos);  // invalid params
+  EXPECT_NE(out.find(R"({"id":7,"jsonrpc":"2.0","result":{}})"), std::string::npos)
+      << out;  // still answering
 }
 
 TEST_F(Plugins, ToolListChangesReachTheHostMidConversation) {
