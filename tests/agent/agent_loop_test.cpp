@@ -75,10 +75,16 @@ TEST(AgentLoop, WritesReadsAndAnswersThroughStreamedToolCalls) {
   json rep = last_json_line(same.out);
   EXPECT_EQ(rep["identical"], 2);
   EXPECT_EQ(rep["differed"], 0);
-  // ...and a changed workspace is reported (the write re-runs first, so change what is read).
-  RunResult diff = run_fathom({"agent", "replay", traj, "--json", "--workspace", make_temp_dir("replay")});
+  // ...and a workspace where the tools now behave differently is reported (here "notes" is a
+  // file, so the write and the read fail).
+  const std::string other = make_temp_dir("replay");
+  write_text(other + "/notes", "a file, not a directory\n");
+  RunResult diff = run_fathom({"agent", "replay", traj, "--json", "--workspace", other});
+  EXPECT_EQ(diff.exit_code, 4) << diff.err;
   json rep2 = last_json_line(diff.out);
   EXPECT_EQ(rep2["tool_calls"], 2);
+  EXPECT_EQ(rep2["differed"], 2);
+  EXPECT_EQ(rep2["differences"].size(), 2u);
   ::unlink(traj.c_str());
 }
 
@@ -154,6 +160,23 @@ TEST(AgentLoop, SurvivesTypeConfusedToolCallsFromTheModel) {
   EXPECT_NE(results[1].find("unknown tool ''"), std::string::npos) << results[1];
   EXPECT_EQ(results[2].find("Error"), std::string::npos)
       << results[2];  // an object for arguments is accepted
+}
+
+TEST(AgentLoop, APluginCrashingMidCallIsAToolErrorAndTheRunGoesOn) {
+  const std::string ws = make_temp_dir("crash");
+  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__crash", "{}"}, {"files__list_directory", "{}"}})),
+                       reply(text_message("carried on"))});
+  auto args = agent_args(ep, ws, "crash it");
+  args.insert(args.end() - 1,
+              {"--plugin", "bad=node " + source_dir() + "/tests/agent/fixtures/bad_server.mjs"});
+  RunResult r = run_fathom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto results = tool_messages(ep.requests()[1]);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_NE(results[0].find("exited with status 3"), std::string::npos) << results[0];
+  EXPECT_NE(results[0].find("crashing now"), std::string::npos) << results[0];  // its stderr tail
+  EXPECT_EQ(results[1].find("Error"), std::string::npos) << results[1];         // the other plugin was fine
+  EXPECT_NE(r.out.find("carried on"), std::string::npos);
 }
 
 TEST(AgentLoop, StopsAtTheStepLimit) {
