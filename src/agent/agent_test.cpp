@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "agent/chat_client.h"
@@ -227,6 +228,8 @@ TEST(Workspace, ConfinesDotDotSymlinksAndAbsolutePaths) {
   EXPECT_FALSE(w->write("../planted", "x").ok());
   EXPECT_FALSE(std::ifstream(outside + "/planted").good());
   EXPECT_NE(w->read("out/secret", 100).status().message().find("escapes the workspace"), std::string::npos);
+  std::filesystem::remove_all(ws);
+  std::filesystem::remove_all(outside);
 }
 
 TEST(Manifest, ParsesTomlAndRejectsBadFieldsByName) {
@@ -256,6 +259,7 @@ TEST(Manifest, ParsesTomlAndRejectsBadFieldsByName) {
   EXPECT_EQ(cli->name, "mine");
   EXPECT_EQ(cli->args[0], "a b.js");
   EXPECT_EQ(cli->permission_default, "allow");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

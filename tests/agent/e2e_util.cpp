@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -131,6 +132,24 @@ std::vector<json> ScriptedEndpoint::requests() {
   return requests_;
 }
 
+std::vector<std::string>* made_dirs() {
+  static auto* dirs = new std::vector<std::string>();  // read by the cleanup below at the very end
+  return dirs;
+}
+
+namespace {
+// The suite cleans up after itself: every make_temp_dir() is removed when the tests end.
+class TempDirCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& d : *made_dirs()) std::filesystem::remove_all(d, ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
+}  // namespace
+
 std::string fathom_bin() {
   const char* b = std::getenv("FATHOM_BIN");
   return b ? b : FATHOM_TEST_BIN;
@@ -172,6 +191,7 @@ std::string make_temp_dir(const std::string& tag) {
   std::string tmpl = "/tmp/fathom-agent-" + tag + "-XXXXXX";
   char* d = ::mkdtemp(tmpl.data());
   EXPECT_NE(d, nullptr);
+  made_dirs()->push_back(tmpl);
   return tmpl;
 }
 

@@ -58,7 +58,9 @@ std::string fathom_bin();
 std::string source_dir();
 std::string npm_server(
     const std::string& name);  // .../node_modules/@modelcontextprotocol/<name>/dist/index.js
+// A fresh directory under /tmp, removed when the test binary exits.
 std::string make_temp_dir(const std::string& tag);
+std::vector<std::string>* made_dirs();
 void write_text(const std::string& path, const std::string& text);
 std::string read_text(const std::string& path);
 // The tool messages of a recorded request, in order.
