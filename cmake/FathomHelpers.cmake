@@ -65,13 +65,14 @@ function(fathom_tests)
     set(A_TIMEOUT 300)
   endif()
   set(target ${A_NAME}_test)
-  add_executable(${target} ${A_SOURCES})
+  add_executable(${target} ${A_SOURCES} ${CMAKE_SOURCE_DIR}/cmake/test_env.cpp)
   fathom_isa_flags(${A_SOURCES})
   target_compile_options(${target} PRIVATE ${FATHOM_WARNINGS})
+  target_compile_definitions(${target} PRIVATE FATHOM_TEST_BIN="${CMAKE_BINARY_DIR}/bin/fathom"
+                                               FATHOM_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   target_link_libraries(${target} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main)
-  gtest_discover_tests(${target} DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-    ENVIRONMENT "FATHOM_BIN=${CMAKE_BINARY_DIR}/bin/fathom;FATHOM_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  # FATHOM_BIN and FATHOM_SOURCE_DIR come from cmake/test_env.cpp (a list here would be split).
+  gtest_discover_tests(${target} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
 endfunction()
 
 # fathom_fuzzer(NAME name SOURCE file DEPS ...): a libFuzzer target, built only with FATHOM_FUZZ;
