@@ -23,11 +23,12 @@ namespace fathom::internal {
       ::fathom::internal::check_failed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
   } while (0)
 
-// CHECK_OK(status_or_result): for calls that cannot fail unless the program is wrong.
+// CHECK_OK(status_or_result): for calls that cannot fail unless the program is wrong. Works on a
+// Status or a Result<T> (both need base/status.h at the use site).
 #define CHECK_OK(expr)                                                                        \
   do {                                                                                        \
     const auto& fathom_check_ok_ = (expr);                                                    \
     if (!fathom_check_ok_.ok()) [[unlikely]]                                                  \
       ::fathom::internal::check_failed(__FILE__, __LINE__, #expr,                            \
-                                       fathom_check_ok_.status().to_string());               \
+                                       ::fathom::internal::take_status(fathom_check_ok_).to_string()); \
   } while (0)
