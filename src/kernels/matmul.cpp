@@ -3,6 +3,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "base/check.h"
@@ -84,6 +85,21 @@ ActKind act_kind_for(DType dtype, SimdLevel level) {
 
 namespace {
 
+std::atomic<int> g_vbmi_override{-1};
+
+}  // namespace
+
+bool fp8_use_vbmi(SimdLevel level) {
+  static const bool supported = __builtin_cpu_supports("avx512vbmi");
+  if (level < SimdLevel::kAvx512Bf16 || !supported) return false;
+  const int o = g_vbmi_override.load(std::memory_order_relaxed);
+  return o != 0;
+}
+
+void set_fp8_vbmi_override(int override) { g_vbmi_override.store(override); }
+
+namespace {
+
 int64_t padded(int64_t k) { return (k + kActPad - 1) / kActPad * kActPad; }
 bool needs_rounding(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF8E4M3; }
 uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
@@ -96,7 +112,7 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
     case ActKind::kF32: return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
     case ActKind::kBF16: return align64(rows * s * 2);
     case ActKind::kQ8:
-      return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + align64(rows * (s / 4) * 4);
+      return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
   }
   return 0;
 }
@@ -130,11 +146,13 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
       a.stride = padded(k);
       auto* out = reinterpret_cast<uint16_t*>(base);
       a.bf16 = out;
+      a.bf16_perm64 = dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
+      const bool perm = a.bf16_perm64;
       split([&](int64_t i0, int64_t i1) {
         if (level >= SimdLevel::kAvx512) {
-          act_to_bf16_rows_avx512(x, x_stride, k, a.stride, out, i0, i1);
+          act_to_bf16_rows_avx512(x, x_stride, k, a.stride, out, i0, i1, perm);
         } else {
-          act_to_bf16_rows_scalar(x, x_stride, k, a.stride, out, i0, i1);
+          act_to_bf16_rows_scalar(x, x_stride, k, a.stride, out, i0, i1, perm);
         }
       });
       return a;
@@ -150,13 +168,16 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
       auto* cb = reinterpret_cast<int32_t*>(base);
       base += align64(rows * static_cast<uint64_t>(s / kQBlock) * 4);
       auto* cl = reinterpret_cast<int32_t*>(base);
+      base += align64(rows * static_cast<uint64_t>(s / 4) * 4);
+      auto* dl = reinterpret_cast<float*>(base);
       a.q = q;
       a.qd = d;
       a.qcorr_block = cb;
       a.qcorr_lane = cl;
+      a.qd_lane = dl;
       split([&](int64_t i0, int64_t i1) {
         if (level >= SimdLevel::kAvx512) {
-          act_quant_q8_rows_avx512(x, x_stride, k, s, q, d, cb, cl, i0, i1);
+          act_quant_q8_rows_avx512(x, x_stride, k, s, q, d, cb, cl, dl, i0, i1);
         } else if (level >= SimdLevel::kAvx2) {
           act_quant_q8_rows_avx2(x, x_stride, k, s, q, d, cb, cl, i0, i1);
         } else {
@@ -165,6 +186,7 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
             std::memset(d + i * (s / kQBlock), 0, static_cast<size_t>(s / kQBlock) * 4);
             std::memset(cb + i * (s / kQBlock), 0, static_cast<size_t>(s / kQBlock) * 4);
             std::memset(cl + i * (s / 4), 0, static_cast<size_t>(s / 4) * 4);
+            std::memset(dl + i * (s / 4), 0, static_cast<size_t>(s / 4) * 4);
             quantize_act_row_ref(x + i * x_stride, k, q + i * s, d + i * (s / kQBlock), cb + i * (s / kQBlock),
                                  cl + i * (s / 4));
           }
@@ -183,10 +205,12 @@ void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, flo
 }
 
 void act_to_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
-                             int64_t i0, int64_t i1) {
+                             int64_t i0, int64_t i1, bool perm64) {
   for (int64_t i = i0; i < i1; ++i) {
-    for (int64_t c = 0; c < k; ++c) out[i * stride + c] = f32_to_bf16(x[i * x_stride + c]);
-    for (int64_t c = k; c < stride; ++c) out[i * stride + c] = 0;
+    for (int64_t c = 0; c < stride; ++c) {
+      const uint16_t v = c < k ? f32_to_bf16(x[i * x_stride + c]) : 0;
+      out[i * stride + (perm64 ? fp8_perm64_index(c) : c)] = v;
+    }
   }
 }
 

@@ -72,24 +72,32 @@ void dot_group(const WeightView& w, const float* x, int64_t xs, float* y, int64_
   const int64_t K = w.cols;
   const uint8_t* rows[R];
   const float* scales[R];
+  FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
     rows[i] = row_ptr(w, r + i);
     scales[i] = kFp8 ? fp8_scale_row(w, r + i) : nullptr;
   }
   __m256 acc[R][M];
+  FATHOM_UNROLL
   for (auto& a : acc)
+    FATHOM_UNROLL
     for (auto& v : a) v = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 xv[M];
+    FATHOM_UNROLL
     for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_ps(x + m * xs + k);
+    FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
       __m256 wv = load_w8<D>(rows[i], k);
       if constexpr (kFp8) wv = _mm256_mul_ps(wv, _mm256_set1_ps(scales[i][k / 128] * 256.0f));
+      FATHOM_UNROLL
       for (int m = 0; m < M; ++m) acc[i][m] = _mm256_fmadd_ps(wv, xv[m], acc[i][m]);
     }
   }
+  FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
     for (int m = 0; m < M; ++m) {
       float s = hsum8(acc[i][m]);
       for (int64_t t = k; t < K; ++t) {
@@ -155,18 +163,24 @@ void qdot_group(const WeightView& w, const ActView& x, int64_t m0, float* y, int
   constexpr int64_t bb = block_bytes<D>();
   const int64_t nb = w.cols / 32, xnb = x.stride / kQBlock;
   const uint8_t* rows[R];
+  FATHOM_UNROLL
   for (int i = 0; i < R; ++i) rows[i] = static_cast<const uint8_t*>(w.data) + (r + i) * nb * bb;
   __m256 acc[R][M];
+  FATHOM_UNROLL
   for (auto& a : acc)
+    FATHOM_UNROLL
     for (auto& v : a) v = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     __m256i xq[M];
+    FATHOM_UNROLL
     for (int m = 0; m < M; ++m) xq[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + (m0 + m) * x.stride + b * 32));
+    FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m256i wq = load_q32<D>(rows[i], b);
       const __m256i aw = _mm256_abs_epi8(wq);  // |w| as u8 (128 for -128)
       const float dw = load_d(rows[i] + b * bb);
+      FATHOM_UNROLL
       for (int m = 0; m < M; ++m) {
         const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq[m], wq));
         const __m256i p32 = _mm256_madd_epi16(p16, ones);
@@ -175,7 +189,9 @@ void qdot_group(const WeightView& w, const ActView& x, int64_t m0, float* y, int
       }
     }
   }
+  FATHOM_UNROLL
   for (int i = 0; i < R; ++i)
+    FATHOM_UNROLL
     for (int m = 0; m < M; ++m) store_y(y + (m0 + m) * ldy + r + i, accumulate, hsum8(acc[i][m]));
 }
 

@@ -22,14 +22,16 @@ inline const uint8_t* row_ptr(const WeightView& w, int64_t r) {
 template <DType D>
 inline __m512 load_w16(const uint8_t* row, int64_t k, int64_t n, const E4m3ToBf16* conv) {
   const __mmask16 mk = lanes16(n);
+  const bool full = n >= 16;
   if constexpr (D == DType::kF32) {
-    return _mm512_maskz_loadu_ps(mk, reinterpret_cast<const float*>(row) + k);
-  } else if constexpr (D == DType::kF16) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, reinterpret_cast<const uint16_t*>(row) + k));
-  } else if constexpr (D == DType::kBF16) {
-    return bf16_to_f32x16(_mm256_maskz_loadu_epi16(mk, reinterpret_cast<const uint16_t*>(row) + k));
+    const float* p = reinterpret_cast<const float*>(row) + k;
+    return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
+  } else if constexpr (D == DType::kF16 || D == DType::kBF16) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + k;
+    const __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mk, p);
+    return D == DType::kF16 ? _mm512_cvtph_ps(h) : bf16_to_f32x16(h);
   } else {
-    const __m128i b = _mm_maskz_loadu_epi8(mk, row + k);
+    const __m128i b = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)) : _mm_maskz_loadu_epi8(mk, row + k);
     return bf16_to_f32x16(_mm512_castsi512_si256(conv->convert(_mm256_castsi128_si256(b))));
   }
 }
@@ -40,31 +42,45 @@ template <DType D, int R, int M>
 void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
                   const E4m3ToBf16* conv) {
   __m512 acc[R][M];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  }
   const uint8_t* rows[R];
   const float* scales[R];
+  FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
     rows[i] = row_ptr(w, r + i);
     scales[i] = D == DType::kF8E4M3 ? fp8_scale_row(w, r + i) : nullptr;
   }
   const int64_t K = w.cols;
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 mk = lanes16(K - k);
+  auto step = [&](int64_t k, int64_t n) {  // 16 columns from k, n of them valid
     __m512 xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_maskz_loadu_ps(mk, x.f32 + m * x.stride + k);
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) {
+      xv[m] = n >= 16 ? _mm512_loadu_ps(x.f32 + m * x.stride + k) : _mm512_maskz_loadu_ps(lanes16(n), x.f32 + m * x.stride + k);
+    }
+    FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
-      __m512 wv = load_w16<D>(rows[i], k, K - k, conv);
+      __m512 wv = load_w16<D>(rows[i], k, n, conv);
       if constexpr (D == DType::kF8E4M3) wv = _mm512_mul_ps(wv, _mm512_set1_ps(scales[i][k / 128]));
+      FATHOM_UNROLL
       for (int m = 0; m < M; ++m) acc[i][m] = _mm512_fmadd_ps(wv, xv[m], acc[i][m]);
     }
-  }
+  };
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) step(k, 16);
+  if (k < K) step(k, K - k);
+  FATHOM_UNROLL
   for (int m = 0; m < M; ++m) {
     if constexpr (R == 4) {
       alignas(16) float s[4];
       _mm_store_ps(s, hsum4(acc[0][m], acc[1][m], acc[2][m], acc[3][m]));
+      FATHOM_UNROLL
       for (int i = 0; i < 4; ++i) store_y(y + m * ldy + r + i, accumulate, s[i]);
     } else {
+      FATHOM_UNROLL
       for (int i = 0; i < R; ++i) store_y(y + m * ldy + r + i, accumulate, _mm512_reduce_add_ps(acc[i][m]));
     }
   }
@@ -127,13 +143,13 @@ struct F32Gemm {
   static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
                     int64_t nr, bool overwrite) {
     __m512 acc[MR][3];
-    for (auto& a : acc)
-      for (auto& v : a) v = _mm512_setzero_ps();
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
     const float* a = x.f32 + m0 * x.stride + k0;
     const float* b = p.b;
     for (int64_t k = 0; k < kc; ++k, b += kNR) {
       const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32);
-#pragma GCC unroll 8
+      FATHOM_UNROLL
       for (int m = 0; m < MR; ++m) {
         const __m512 av = _mm512_set1_ps(a[m * x.stride + k]);
         acc[m][0] = _mm512_fmadd_ps(av, b0, acc[m][0]);
@@ -141,7 +157,9 @@ struct F32Gemm {
         acc[m][2] = _mm512_fmadd_ps(av, b2, acc[m][2]);
       }
     }
+    FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
       for (int v = 0; v < 3; ++v) {
         __m512 r = acc[m][v];
         if constexpr (D == DType::kF8E4M3) r = _mm512_mul_ps(r, _mm512_load_ps(p.scale + 16 * v));
@@ -176,20 +194,30 @@ void rows_f32family_avx512(const WeightView& w, const ActView& x, float* y, int6
 }
 
 void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
-                             int64_t i0, int64_t i1) {
+                             int64_t i0, int64_t i1, bool perm64) {
+  auto load32 = [&](const float* xi, int64_t c) {  // 32 values from column c as bf16, zero past k
+    const __m512 v0 = c < k ? _mm512_maskz_loadu_ps(lanes16(k - c), xi + c) : _mm512_setzero_ps();
+    const __m512 v1 = c + 16 < k ? _mm512_maskz_loadu_ps(lanes16(k - c - 16), xi + c + 16) : _mm512_setzero_ps();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(f32_to_bf16_rne(v0)), f32_to_bf16_rne(v1), 1);
+  };
   for (int64_t i = i0; i < i1; ++i) {
     const float* xi = x + i * x_stride;
     uint16_t* oi = out + i * stride;
-    for (int64_t c = 0; c < stride; c += 16) {
-      const __mmask16 mk = lanes16(k - c);
-      const __m512 v = c < k ? _mm512_maskz_loadu_ps(mk, xi + c) : _mm512_setzero_ps();
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(oi + c), f32_to_bf16_rne(v));
+    for (int64_t c = 0; c < stride; c += 64) {  // stride is a multiple of 64
+      __m512i a = load32(xi, c), b = load32(xi, c + 32);
+      if (perm64) {  // 128-bit lanes (8 values): a = x0-7 | 8-15 | 16-23 | 24-31, b = x32-39 | ...
+        const __m512i pa = _mm512_shuffle_i64x2(a, b, 0x88), pb = _mm512_shuffle_i64x2(a, b, 0xdd);
+        a = pa;
+        b = pb;
+      }
+      _mm512_storeu_si512(oi + c, a);
+      _mm512_storeu_si512(oi + c + 32, b);
     }
   }
 }
 
 void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q, float* d,
-                              int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1) {
+                              int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0, int64_t i1) {
   const int64_t nb = stride / kQBlock;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
@@ -228,6 +256,9 @@ void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64
       const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_loadu_si512(qi + c));
       _mm512_storeu_si512(cl + c / 4, _mm512_mullo_epi32(s, _mm512_set1_epi32(-128)));
     }
+    // per-lane block scales: lanes 0-7 of each 64-column group take block 2g, lanes 8-15 block 2g+1
+    float* dl = d_lane + i * (stride / 4);
+    for (int64_t b = 0; b < nb; ++b) _mm256_storeu_ps(dl + b * 8, _mm256_set1_ps(d[i * nb + b]));
   }
 }
 

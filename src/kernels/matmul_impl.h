@@ -8,6 +8,10 @@
 #include "base/cpu.h"
 #include "kernels/matmul.h"
 
+// Full unrolling of the small fixed loops (rows x activation rows) of the hot kernels, so their
+// accumulator arrays live in registers.
+#define FATHOM_UNROLL _Pragma("GCC unroll 16")
+
 namespace fathom::matmul_internal {
 
 // How the activations of one call are represented, decided by the weight dtype and the SIMD level.
@@ -28,11 +32,21 @@ struct ActView {
   int64_t stride = 0;  // elements between rows (floats, bf16 values or int8 values)
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
+  // kBF16 for fp8 weights on VBMI CPUs: within each 64-column group the values are stored in the
+  // order the vpermi2b e4m3 converter produces: x[16L + j] at 8L + j and x[16L + 8 + j] at
+  // 32 + 8L + j (L < 4, j < 8).
+  bool bf16_perm64 = false;
   const int8_t* q = nullptr;           // [m, stride]
   const float* qd = nullptr;           // [m, stride / 32] scale d = amax / 127
   const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
   const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
+  const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
 };
+
+// Whether fp8 weights use the AVX-512 VBMI converter (CPU support, unless overridden for tests:
+// override < 0 restores detection, 0 disables, 1 enables where supported).
+bool fp8_use_vbmi(SimdLevel level);
+void set_fp8_vbmi_override(int override);
 
 // Which activation form a weight dtype uses at a SIMD level.
 ActKind act_kind_for(DType dtype, SimdLevel level);
@@ -79,16 +93,24 @@ void rows_int8_avx512(const WeightView& w, const ActView& x, float* y, int64_t y
                       bool accumulate, int64_t r0, int64_t r1);
 void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                           bool accumulate, int64_t r0, int64_t r1);
+void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
+                              bool accumulate, int64_t r0, int64_t r1);
 
 // Activation preparation leaves (rows [i0, i1) of x into the prepared buffers).
 void act_to_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
-                             int64_t i0, int64_t i1);
+                             int64_t i0, int64_t i1, bool perm64);
+// Position of column c (within its 64-group) in the perm64 layout.
+inline int64_t fp8_perm64_index(int64_t c) {
+  const int64_t g = c & ~int64_t{63}, j = c & 63, lane = j >> 4, half = (j >> 3) & 1;
+  return g + half * 32 + lane * 8 + (j & 7);
+}
 void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
-                             int64_t i0, int64_t i1);
+                             int64_t i0, int64_t i1, bool perm64);
 void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, float* out, int64_t i0,
                                 int64_t i1);
 void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
-                              float* d, int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
+                              float* d, int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0,
+                              int64_t i1);
 void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
                             float* d, int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
 

@@ -5,8 +5,8 @@
 // activations stay signed; the excess 128 * sum(x) is removed exactly by starting each int32
 // accumulator at the precomputed correction (-128 * sum of the activation bytes it covers).
 //  - m <= 4: row-wise; two 32-blocks per 512-bit step, lanes 0-7 block b and 8-15 block b+1.
-//  - m > 4: blocked GEMM, panel [kc/4][32 columns][4 bytes], 6x32 micro-kernel; per 32-block
-//    the int32 tile is converted and scaled into fp32 accumulators.
+//  - m > 4: blocked GEMM, panel [kc/4][64 columns][4 bytes], 6x64 micro-kernel; per 32-block
+//    the int32 tile is converted and scaled into an fp32 tile in L1.
 #include <cstring>
 
 #include "base/check.h"
@@ -59,10 +59,10 @@ inline __m512i load_q64(const uint8_t* row, int64_t b, bool two) {
 template <DType D>
 inline __m512 load_d2(const uint8_t* row, int64_t b, bool two) {
   constexpr int64_t bb = block_bytes<D>();
-  const uint32_t h = load_u16(row + b * bb) | (two ? static_cast<uint32_t>(load_u16(row + (b + 1) * bb)) << 16 : 0u);
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
-  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+  const __m256i lo = _mm256_set1_epi16(static_cast<short>(load_u16(row + b * bb)));
+  const __m256i h = two ? _mm256_mask_set1_epi16(lo, 0xff00, static_cast<short>(load_u16(row + (b + 1) * bb)))
+                        : _mm256_maskz_mov_epi16(0x00ff, lo);
+  return _mm512_cvtph_ps(h);
 }
 
 inline void store_y(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
@@ -71,37 +71,40 @@ template <DType D, int R, int M>
 void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
   constexpr int64_t bb = block_bytes<D>();
   const int64_t nb = w.cols / 32, row_bytes = nb * bb;
-  const uint8_t* rows[R];
-  for (int i = 0; i < R; ++i) rows[i] = static_cast<const uint8_t*>(w.data) + (r + i) * row_bytes;
+  const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * row_bytes;
   __m512 acc[R][M];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
-  const int64_t xnb = x.stride / kQBlock;
-  for (int64_t b = 0; b < nb; b += 2) {
-    const bool two = b + 1 < nb;
-    __m512i xq[M], corr[M];
-    __m512 dx[M];
-    for (int m = 0; m < M; ++m) {
-      xq[m] = _mm512_loadu_si512(x.q + m * x.stride + b * 32);
-      corr[m] = _mm512_loadu_si512(x.qcorr_lane + m * (x.stride / 4) + b * 8);
-      const float* d = x.qd + m * xnb + b;
-      dx[m] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d[0]), _mm512_set1_ps(d[1]));  // d[1] is 0 padding when !two
-    }
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  }
+  const int64_t xs = x.stride, ls = x.stride / 4;
+  auto step = [&](int64_t b, bool two) {
+    FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
-      const __m512i wq = load_q64<D>(rows[i], b, two);
-      const __m512 dw = load_d2<D>(rows[i], b, two);
+      const __m512i wq = load_q64<D>(row0 + i * row_bytes, b, two);
+      const __m512 dw = load_d2<D>(row0 + i * row_bytes, b, two);
+      FATHOM_UNROLL
       for (int m = 0; m < M; ++m) {
-        const __m512i t = _mm512_dpbusd_epi32(corr[m], wq, xq[m]);
-        acc[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, dx[m]), acc[i][m]);
+        const __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.qcorr_lane + m * ls + b * 8), wq,
+                                              _mm512_loadu_si512(x.q + m * xs + b * 32));
+        const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(x.qd_lane + m * ls + b * 8));
+        acc[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s, acc[i][m]);
       }
     }
-  }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) step(b, true);
+  if (b < nb) step(b, false);  // a last single block: the second half is zero on both sides
+  FATHOM_UNROLL
   for (int m = 0; m < M; ++m) {
     if constexpr (R == 4) {
       alignas(16) float s[4];
       _mm_store_ps(s, hsum4(acc[0][m], acc[1][m], acc[2][m], acc[3][m]));
+      FATHOM_UNROLL
       for (int i = 0; i < 4; ++i) store_y(y + m * ldy + r + i, accumulate, s[i]);
     } else {
+      FATHOM_UNROLL
       for (int i = 0; i < R; ++i) store_y(y + m * ldy + r + i, accumulate, _mm512_reduce_add_ps(acc[i][m]));
     }
   }
@@ -117,12 +120,12 @@ void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
 
 template <DType D>
 struct Int8Gemm {
-  static constexpr int kNR = 32;
+  static constexpr int kNR = 64;
   static constexpr int kMR = 6;
   static constexpr int64_t kKC = 256;
   struct Panel {
-    alignas(64) uint32_t b[kKC / 4 * kNR];          // [kc/4][32] groups of 4 bytes (w + 128)
-    alignas(64) float scale[kKC / kQBlock * kNR];  // [kc/32][32] d_w
+    alignas(64) uint32_t b[kKC / 4 * kNR];          // [kc/4][64] groups of 4 bytes (w + 128)
+    alignas(64) float scale[kKC / kQBlock * kNR];  // [kc/32][64] d_w
   };
 
   static int64_t kc_step(const WeightView&) { return kKC; }
@@ -154,42 +157,54 @@ struct Int8Gemm {
     }
   }
 
+  // Per 32-block: int32 tile of MR x 64 in registers (24 accumulators at MR = 6), then converted
+  // and scaled into the fp32 tile kept in L1 (registers cannot hold both).
   template <int MR>
   static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
                     int64_t nr, bool overwrite) {
-    __m512 acc[MR][2];
-    for (auto& a : acc)
-      for (auto& v : a) v = _mm512_setzero_ps();
+    alignas(64) float tile[MR][kNR];
     const int64_t xnb = x.stride / kQBlock;
     const int64_t nb = kc / 32;
     for (int64_t blk = 0; blk < nb; ++blk) {
       const int64_t xb = k0 / 32 + blk;
-      __m512i acci[MR][2];
+      __m512i acci[MR][4];
+      FATHOM_UNROLL
       for (int m = 0; m < MR; ++m) {
-        acci[m][0] = acci[m][1] = _mm512_set1_epi32(x.qcorr_block[(m0 + m) * xnb + xb]);
+        acci[m][0] = _mm512_set1_epi32(x.qcorr_block[(m0 + m) * xnb + xb]);
+        acci[m][1] = acci[m][2] = acci[m][3] = acci[m][0];
       }
       const uint32_t* b = p.b + blk * 8 * kNR;
       const int8_t* a = x.q + m0 * x.stride + xb * 32;
-#pragma GCC unroll 8
+      FATHOM_UNROLL
       for (int q = 0; q < 8; ++q, b += kNR) {
         const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 16);
-#pragma GCC unroll 8
+        const __m512i b2 = _mm512_load_si512(b + 32), b3 = _mm512_load_si512(b + 48);
+        FATHOM_UNROLL
         for (int m = 0; m < MR; ++m) {
           const __m512i av = _mm512_set1_epi32(load_i32(a + m * x.stride + 4 * q));
           acci[m][0] = _mm512_dpbusd_epi32(acci[m][0], b0, av);
           acci[m][1] = _mm512_dpbusd_epi32(acci[m][1], b1, av);
+          acci[m][2] = _mm512_dpbusd_epi32(acci[m][2], b2, av);
+          acci[m][3] = _mm512_dpbusd_epi32(acci[m][3], b3, av);
         }
       }
-      const __m512 dw0 = _mm512_load_ps(p.scale + blk * kNR), dw1 = _mm512_load_ps(p.scale + blk * kNR + 16);
+      const float* dw = p.scale + blk * kNR;
+      FATHOM_UNROLL
       for (int m = 0; m < MR; ++m) {
         const __m512 dx = _mm512_set1_ps(x.qd[(m0 + m) * xnb + xb]);
-        acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m][0]), _mm512_mul_ps(dw0, dx), acc[m][0]);
-        acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m][1]), _mm512_mul_ps(dw1, dx), acc[m][1]);
+        FATHOM_UNROLL
+        for (int v = 0; v < 4; ++v) {
+          const __m512 s = _mm512_mul_ps(_mm512_load_ps(dw + 16 * v), dx);
+          const __m512 f = _mm512_cvtepi32_ps(acci[m][v]);
+          _mm512_store_ps(tile[m] + 16 * v,
+                          blk == 0 ? _mm512_mul_ps(f, s) : _mm512_fmadd_ps(f, s, _mm512_load_ps(tile[m] + 16 * v)));
+        }
       }
     }
+    FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) {
-      store_tile16(c + m * ldc, acc[m][0], nr, overwrite);
-      store_tile16(c + m * ldc + 16, acc[m][1], nr - 16, overwrite);
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v) store_tile16(c + m * ldc + 16 * v, _mm512_load_ps(tile[m] + 16 * v), nr - 16 * v, overwrite);
     }
   }
 };
