@@ -78,7 +78,7 @@ struct RopeApplyParams {
 //   k_pe: [T, kv_lora + rope] -> x = kv + kv_lora, n_heads = 1, token_stride = kv_lora + rope
 void rope_apply(const RopeTable& table, const RopeApplyParams& p, const int64_t* positions, float* x);
 
-// Float64 reference computed directly from the formula (no table).
+// Float64 reference computed directly from the formula (no table). out: [n_tokens, n_heads, dim].
 void rope_apply_ref(const RopeParams& rp, const RopeApplyParams& p, const int64_t* positions,
                     const float* x, double* out);
 
