@@ -104,6 +104,32 @@ int64_t padded(int64_t k) { return (k + kActPad - 1) / kActPad * kActPad; }
 bool needs_rounding(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF8E4M3; }
 uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
+void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_stride, int64_t i0, int64_t i1) {
+  const int64_t s = a.stride, k = a.k, nb = s / kQBlock, nl = s / 4;
+  auto* q = const_cast<int8_t*>(a.q);
+  auto* d = const_cast<float*>(a.qd);
+  auto* cb = const_cast<int32_t*>(a.qcorr_block);
+  auto* cl = const_cast<int32_t*>(a.qcorr_lane);
+  auto* dl = const_cast<float*>(a.qd_lane);
+  if (level >= SimdLevel::kAvx512) {
+    act_quant_q8_rows_avx512(x, x_stride, k, s, q, d, cb, cl, dl, i0, i1);
+    return;
+  }
+  if (level >= SimdLevel::kAvx2) {
+    act_quant_q8_rows_avx2(x, x_stride, k, s, q, d, cb, cl, i0, i1);
+  } else {
+    for (int64_t i = i0; i < i1; ++i) {
+      std::memset(q + i * s, 0, static_cast<size_t>(s));
+      std::memset(d + i * nb, 0, static_cast<size_t>(nb) * 4);
+      std::memset(cb + i * nb, 0, static_cast<size_t>(nb) * 4);
+      std::memset(cl + i * nl, 0, static_cast<size_t>(nl) * 4);
+      quantize_act_row_ref(x + i * x_stride, k, q + i * s, d + i * nb, cb + i * nb, cl + i * nl);
+    }
+  }
+  for (int64_t i = i0; i < i1; ++i)  // lane scales (only the AVX-512 kernels read them)
+    for (int64_t l = 0; l < nl; ++l) dl[i * nl + l] = d[i * nb + l / 8];
+}
+
 }  // namespace
 
 uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
@@ -117,84 +143,118 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   return 0;
 }
 
-ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
-                            int64_t x_stride, void* scratch, ThreadPool& pool) {
+ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void* scratch) {
   ActView a;
-  a.kind = act_kind_for(dtype, level);
+  a.kind = kind;
   a.m = m;
   a.k = k;
-  // rows are independent: split them over the pool when there is enough work
-  auto split = [&](auto&& fn) {
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));
-    pool.parallel_for(m, grain, [&](int64_t i0, int64_t i1, int) { fn(i0, i1); });
-  };
   uint8_t* base = static_cast<uint8_t*>(scratch);
-  switch (a.kind) {
+  const uint64_t rows = static_cast<uint64_t>(m);
+  switch (kind) {
     case ActKind::kF32:
-      if (!needs_rounding(dtype)) {
-        a.f32 = x;
-        a.stride = x_stride;
-        return a;
-      }
       a.stride = k;
       a.f32 = reinterpret_cast<float*>(base);
-      split([&](int64_t i0, int64_t i1) {
-        act_round_bf16_rows_scalar(x, x_stride, k, reinterpret_cast<float*>(base), i0, i1);
-      });
       return a;
-    case ActKind::kBF16: {
+    case ActKind::kBF16:
       a.stride = padded(k);
-      auto* out = reinterpret_cast<uint16_t*>(base);
-      a.bf16 = out;
-      a.bf16_perm64 = dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
-      const bool perm = a.bf16_perm64;
-      split([&](int64_t i0, int64_t i1) {
-        if (level >= SimdLevel::kAvx512) {
-          act_to_bf16_rows_avx512(x, x_stride, k, a.stride, out, i0, i1, perm);
-        } else {
-          act_to_bf16_rows_scalar(x, x_stride, k, a.stride, out, i0, i1, perm);
-        }
-      });
+      a.bf16 = reinterpret_cast<uint16_t*>(base);
+      a.bf16_perm64 = perm64;
       return a;
-    }
     case ActKind::kQ8: {
       const int64_t s = padded(k);
       a.stride = s;
-      const uint64_t rows = static_cast<uint64_t>(m);
-      auto* q = reinterpret_cast<int8_t*>(base);
+      a.q = reinterpret_cast<int8_t*>(base);
       base += align64(rows * static_cast<uint64_t>(s));
-      auto* d = reinterpret_cast<float*>(base);
+      a.qd = reinterpret_cast<float*>(base);
       base += align64(rows * static_cast<uint64_t>(s / kQBlock) * 4);
-      auto* cb = reinterpret_cast<int32_t*>(base);
+      a.qcorr_block = reinterpret_cast<int32_t*>(base);
       base += align64(rows * static_cast<uint64_t>(s / kQBlock) * 4);
-      auto* cl = reinterpret_cast<int32_t*>(base);
+      a.qcorr_lane = reinterpret_cast<int32_t*>(base);
       base += align64(rows * static_cast<uint64_t>(s / 4) * 4);
-      auto* dl = reinterpret_cast<float*>(base);
-      a.q = q;
-      a.qd = d;
-      a.qcorr_block = cb;
-      a.qcorr_lane = cl;
-      a.qd_lane = dl;
-      split([&](int64_t i0, int64_t i1) {
-        if (level >= SimdLevel::kAvx512) {
-          act_quant_q8_rows_avx512(x, x_stride, k, s, q, d, cb, cl, dl, i0, i1);
-        } else if (level >= SimdLevel::kAvx2) {
-          act_quant_q8_rows_avx2(x, x_stride, k, s, q, d, cb, cl, i0, i1);
-        } else {
-          for (int64_t i = i0; i < i1; ++i) {
-            std::memset(q + i * s, 0, static_cast<size_t>(s));
-            std::memset(d + i * (s / kQBlock), 0, static_cast<size_t>(s / kQBlock) * 4);
-            std::memset(cb + i * (s / kQBlock), 0, static_cast<size_t>(s / kQBlock) * 4);
-            std::memset(cl + i * (s / 4), 0, static_cast<size_t>(s / 4) * 4);
-            std::memset(dl + i * (s / 4), 0, static_cast<size_t>(s / 4) * 4);
-            quantize_act_row_ref(x + i * x_stride, k, q + i * s, d + i * (s / kQBlock), cb + i * (s / kQBlock),
-                                 cl + i * (s / 4));
-          }
-        }
-      });
+      a.qd_lane = reinterpret_cast<float*>(base);
       return a;
     }
   }
+  return a;
+}
+
+uint64_t act_scratch_bytes_any(int64_t m, int64_t k) {
+  return std::max({act_scratch_bytes(ActKind::kF32, DType::kBF16, m, k), act_scratch_bytes(ActKind::kBF16, DType::kBF16, m, k),
+                   act_scratch_bytes(ActKind::kQ8, DType::kQ8_0, m, k)});
+}
+
+ActView act_rows(const ActView& a, int64_t begin, int64_t count) {
+  ActView r = a;
+  r.m = count;
+  if (a.f32 != nullptr) r.f32 = a.f32 + begin * a.stride;
+  if (a.bf16 != nullptr) r.bf16 = a.bf16 + begin * a.stride;
+  if (a.q != nullptr) {
+    r.q = a.q + begin * a.stride;
+    r.qd = a.qd + begin * (a.stride / kQBlock);
+    r.qcorr_block = a.qcorr_block + begin * (a.stride / kQBlock);
+    r.qcorr_lane = a.qcorr_lane + begin * (a.stride / 4);
+    r.qd_lane = a.qd_lane + begin * (a.stride / 4);
+  }
+  return r;
+}
+
+void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64_t dst_row) {
+  CHECK(src.kind == dst.kind && src.k == dst.k);
+  auto copy = [](const void* from, void* to, int64_t bytes) { std::memcpy(to, from, static_cast<size_t>(bytes)); };
+  switch (src.kind) {
+    case ActKind::kF32:
+      copy(src.f32 + src_row * src.stride, const_cast<float*>(dst.f32) + dst_row * dst.stride, src.k * 4);
+      return;
+    case ActKind::kBF16:
+      CHECK(src.stride == dst.stride && src.bf16_perm64 == dst.bf16_perm64);
+      copy(src.bf16 + src_row * src.stride, const_cast<uint16_t*>(dst.bf16) + dst_row * dst.stride, src.stride * 2);
+      return;
+    case ActKind::kQ8: {
+      CHECK(src.stride == dst.stride);
+      const int64_t s = src.stride, nb = s / kQBlock, nl = s / 4;
+      copy(src.q + src_row * s, const_cast<int8_t*>(dst.q) + dst_row * s, s);
+      copy(src.qd + src_row * nb, const_cast<float*>(dst.qd) + dst_row * nb, nb * 4);
+      copy(src.qcorr_block + src_row * nb, const_cast<int32_t*>(dst.qcorr_block) + dst_row * nb, nb * 4);
+      copy(src.qcorr_lane + src_row * nl, const_cast<int32_t*>(dst.qcorr_lane) + dst_row * nl, nl * 4);
+      copy(src.qd_lane + src_row * nl, const_cast<float*>(dst.qd_lane) + dst_row * nl, nl * 4);
+      return;
+    }
+  }
+}
+
+ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
+                            int64_t x_stride, void* scratch, ThreadPool& pool) {
+  const ActKind kind = act_kind_for(dtype, level);
+  if (kind == ActKind::kF32 && !needs_rounding(dtype)) {
+    ActView a;
+    a.kind = kind;
+    a.m = m;
+    a.k = k;
+    a.f32 = x;
+    a.stride = x_stride;
+    return a;
+  }
+  const bool perm = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
+  const ActView a = layout_activations(kind, perm, m, k, scratch);
+  // rows are independent: split them over the pool when there is enough work
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));
+  pool.parallel_for(m, grain, [&](int64_t i0, int64_t i1, int) {
+    switch (kind) {
+      case ActKind::kF32:
+        act_round_bf16_rows_scalar(x, x_stride, k, const_cast<float*>(a.f32), i0, i1);
+        return;
+      case ActKind::kBF16:
+        if (level >= SimdLevel::kAvx512) {
+          act_to_bf16_rows_avx512(x, x_stride, k, a.stride, const_cast<uint16_t*>(a.bf16), i0, i1, perm);
+        } else {
+          act_to_bf16_rows_scalar(x, x_stride, k, a.stride, const_cast<uint16_t*>(a.bf16), i0, i1, perm);
+        }
+        return;
+      case ActKind::kQ8:
+        quantize_rows(a, level, x, x_stride, i0, i1);
+        return;
+    }
+  });
   return a;
 }
 

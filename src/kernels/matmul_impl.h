@@ -59,6 +59,16 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k);
 ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
                             int64_t x_stride, void* scratch, ThreadPool& pool);
 
+// The buffers of a prepared-activation view for m rows of k columns placed in `scratch`
+// (act_scratch_bytes for kind and a dtype that needs a copy; kF32 rows are plain fp32 with stride k).
+ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void* scratch);
+// Bytes layout_activations may need for any kind.
+uint64_t act_scratch_bytes_any(int64_t m, int64_t k);
+// Rows [begin, begin + count) of a view (pointers advanced; same stride).
+ActView act_rows(const ActView& a, int64_t begin, int64_t count);
+// Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations).
+void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64_t dst_row);
+
 // Quantises one row (k a multiple of 32) the way every path does: per 32-block d = amax/127,
 // q = round-half-even(x * (127/amax)), plus the two correction sums. Scalar; the reference.
 void quantize_act_row_ref(const float* x, int64_t k, int8_t* q, float* d, int32_t* corr_block,

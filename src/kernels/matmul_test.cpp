@@ -155,6 +155,23 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   }
 }
 
+TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  if (simd_level_supported() < SimdLevel::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16";
+  for (int vbmi : {0, 1}) {
+    matmul_internal::set_fp8_vbmi_override(vbmi);
+    for (int trial = 0; trial < 8; ++trial) {
+      const int64_t cols = 1 + static_cast<int64_t>(rng.below(400)), rows = 1 + static_cast<int64_t>(rng.below(150));
+      const int64_t m = 1 + static_cast<int64_t>(rng.below(12));
+      auto w = random_weight(rng, DType::kF8E4M3, rows, cols, trial % 2 == 1);
+      Case c{rows, cols, m, trial % 3 == 0, 0, 1};
+      check_case(rng, w.view, c, *pool, fmt::format("vbmi={} {}", vbmi, describe(w.view.dtype, simd_level(), c)));
+    }
+  }
+  matmul_internal::set_fp8_vbmi_override(-1);
+}
+
 TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
   using namespace matmul_internal;
   Rng rng(test_seed());
@@ -194,11 +211,20 @@ TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
     xb[3] = __builtin_nanf("");
     xb[4] = -__builtin_inff();
     xb[5] = 1e-40f;  // subnormal
-    const ActView b = prepare_activations(DType::kBF16, level, xb.data(), m, k, k, al2, *pool);
-    ASSERT_EQ(b.kind, ActKind::kBF16);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t c = 0; c < b.stride; ++c)
-        ASSERT_EQ(b.bf16[i * b.stride + c], c < k ? f32_to_bf16(xb[static_cast<size_t>(i * k + c)]) : 0) << i << "," << c;
+    for (DType t : {DType::kBF16, DType::kF8E4M3}) {
+      const ActView b = prepare_activations(t, level, xb.data(), m, k, k, al2, *pool);
+      ASSERT_EQ(b.kind, ActKind::kBF16);
+      ASSERT_EQ(b.bf16_perm64, t == DType::kF8E4M3 && fp8_use_vbmi(level));
+      std::vector<uint16_t> want(static_cast<size_t>(m * b.stride));
+      act_to_bf16_rows_scalar(xb.data(), k, k, b.stride, want.data(), 0, m, b.bf16_perm64);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t c = 0; c < b.stride; ++c) {
+          const int64_t pos = b.bf16_perm64 ? fp8_perm64_index(c) : c;
+          ASSERT_EQ(b.bf16[i * b.stride + pos], c < k ? f32_to_bf16(xb[static_cast<size_t>(i * k + c)]) : 0) << i << "," << c;
+          ASSERT_EQ(b.bf16[i * b.stride + pos], want[static_cast<size_t>(i * b.stride + pos)]);
+        }
+      }
+    }
   }
 }
 

@@ -58,12 +58,15 @@ struct ExpertWeights {
 };
 
 struct MoeExpertsParams {
+  int64_t n_experts = 0;  // entries of the experts span (routed ids index it)
   int64_t hidden = 0;
-  int64_t inter = 0;  // moe_intermediate_size
-  int top_k = 1;
+  int64_t inter = 0;      // moe_intermediate_size (or n_shared * it for the shared experts as one)
+  int top_k = 1;          // slots per token, at most 64
 };
 
-// Scratch for moe_experts, sized once for at most `max_tokens` tokens (allocated here, never per call).
+// Scratch for moe_experts, sized once for at most `max_tokens` tokens (allocated here, never per
+// call): about max_tokens * top_k * (4 hidden + 12 inter) bytes plus max_tokens * 4 hidden (e.g.
+// 80 MiB for V2-Lite at 512 tokens). Not thread-safe: one call at a time per workspace.
 class MoeWorkspace {
  public:
   static Result<std::unique_ptr<MoeWorkspace>> create(const MoeExpertsParams& p, int64_t max_tokens);
@@ -87,6 +90,9 @@ class MoeWorkspace {
 Status validate_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> experts);
 
 // y[t, :] (=|+=) sum_j weights[t, j] * down_e( silu(gate_e x_t) * up_e x_t ),  e = ids[t, j].
+// Shared experts run through the same call as one expert (inter = n_shared * moe_inter, ids all 0,
+// weights all 1, top_k 1). Activations for each matrix follow matmul's precision for its dtype;
+// h = silu(gate) * up is formed in fp32.
 // x, y: [n_tokens, hidden] fp32; ids, weights: [n_tokens, top_k]; ids < 0 skip the slot.
 // n_tokens <= ws.max_tokens(). Each expert's matrices are read once per call; each token's
 // expert outputs are added in ascending expert id, so results do not depend on the thread count.
