@@ -35,12 +35,12 @@ void softmax_row_scalar(float* x, int64_t n) {
     std::fill(x, x + n, 0.0f);
     return;
   }
-  float sum = 0;
+  double sum = 0;  // the portable path has no lanes to spread the rounding over
   for (int64_t i = 0; i < n; ++i) {
     x[i] = std::exp(x[i] - mx);
     sum += x[i];
   }
-  const float inv = 1.0f / sum;
+  const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 

@@ -101,7 +101,7 @@ TEST(Ops, SoftmaxMatchesReferenceWithMaskedEntriesAndAllMaskedRows) {
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = 0; i < n; ++i) {
           const double want = ref[static_cast<size_t>(r * n + i)];
-          ASSERT_NEAR(x[static_cast<size_t>(r * stride + i)], want, 1e-6 * want + 1e-9)
+          ASSERT_NEAR(x[static_cast<size_t>(r * stride + i)], want, 3e-6 * want + 1e-9)
               << simd_level_name(level) << " n " << n << " row " << r;
         }
       }
