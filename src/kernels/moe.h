@@ -47,6 +47,9 @@ struct MoeGateParams {
 // the experts in the kept groups.
 Status validate_moe_gate(const MoeGateParams& p);
 
+// The fp32 scores of one token (softmax or sigmoid of its n_experts logits).
+void moe_gate_scores(const MoeGateParams& p, const float* logits, float* scores);
+
 // logits: [n_tokens, n_experts] (the gate linear's output); ids, weights: [n_tokens, top_k].
 void moe_gate(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids, float* weights);
 // Float64 reference of the same (same tie rule).

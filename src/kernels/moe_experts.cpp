@@ -233,31 +233,4 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   combine(p, s, ids, weights, out, n_tokens, y, accumulate, pool);
 }
 
-void moe_experts_ref(const MoeExpertsParams& p, std::span<const ExpertWeights> experts, const float* x, int64_t n_tokens,
-                     const int32_t* ids, const float* weights, double* y) {
-  std::vector<double> g(static_cast<size_t>(p.inter)), u(static_cast<size_t>(p.inter)), o(static_cast<size_t>(p.hidden));
-  std::vector<float> h(static_cast<size_t>(p.inter));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    double* yt = y + t * p.hidden;
-    std::fill(yt, yt + p.hidden, 0.0);
-    std::vector<int> order(static_cast<size_t>(p.top_k));
-    for (int j = 0; j < p.top_k; ++j) order[static_cast<size_t>(j)] = j;
-    const int32_t* it = ids + t * p.top_k;
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return it[a] < it[b] || (it[a] == it[b] && a < b); });
-    for (int j : order) {
-      const int32_t e = it[j];
-      if (e < 0) continue;
-      const ExpertWeights& ew = experts[static_cast<size_t>(e)];
-      matmul_ref(ew.gate, x + t * p.hidden, 1, g.data());
-      matmul_ref(ew.up, x + t * p.hidden, 1, u.data());
-      for (int64_t i = 0; i < p.inter; ++i) {
-        const double gi = g[static_cast<size_t>(i)];
-        h[static_cast<size_t>(i)] = static_cast<float>(gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)]);
-      }
-      matmul_ref(ew.down, h.data(), 1, o.data());
-      for (int64_t r = 0; r < p.hidden; ++r) yt[r] += static_cast<double>(weights[t * p.top_k + j]) * o[static_cast<size_t>(r)];
-    }
-  }
-}
-
 }  // namespace fathom

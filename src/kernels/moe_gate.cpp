@@ -1,6 +1,5 @@
 // The DeepSeekMoE gate (see moe.h): scores, bias-corrected group-limited top-k, normalisation and
-// routed scaling; scalar (a few hundred experts per token), and its float64 reference, which
-// selects by repeated argmax instead of sorting so the two share no selection code.
+// routed scaling; scalar (a few hundred experts per token). The reference is in moe_ref.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,7 +48,9 @@ struct ByScore {
   }
 };
 
-void scores_f32(const MoeGateParams& p, const float* logits, float* scores) {
+}  // namespace
+
+void moe_gate_scores(const MoeGateParams& p, const float* logits, float* scores) {
   const int64_t n = p.n_experts;
   if (p.scoring == MoeScoring::kSigmoid) {
     for (int64_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
@@ -62,10 +63,12 @@ void scores_f32(const MoeGateParams& p, const float* logits, float* scores) {
   for (int64_t e = 0; e < n; ++e) scores[e] /= sum;
 }
 
+namespace {
+
 void gate_token(const MoeGateParams& p, const float* logits, int32_t* ids, float* weights, std::vector<float>& scores,
                 std::vector<float>& sel, std::vector<int32_t>& idx, std::vector<float>& group) {
   const int64_t n = p.n_experts, per_group = n / p.n_groups;
-  scores_f32(p, logits, scores.data());
+  moe_gate_scores(p, logits, scores.data());
   for (int64_t e = 0; e < n; ++e) sel[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + (p.bias ? p.bias[e] : 0.0f);
   if (p.n_groups > 1) {
     for (int g = 0; g < p.n_groups; ++g) {
@@ -116,56 +119,6 @@ void moe_gate(const MoeGateParams& p, const float* logits, int64_t n_tokens, int
   group.resize(static_cast<size_t>(p.n_groups));
   for (int64_t t = 0; t < n_tokens; ++t) {
     gate_token(p, logits + t * p.n_experts, ids + t * p.top_k, weights + t * p.top_k, scores, sel, idx, group);
-  }
-}
-
-void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids, double* weights) {
-  const Status v = validate_moe_gate(p);
-  CHECK_MSG(v.ok(), "{}", v.message());
-  const int64_t n = p.n_experts, per_group = n / p.n_groups;
-  const double ninf = -std::numeric_limits<double>::infinity();
-  std::vector<float> scores(static_cast<size_t>(n));
-  std::vector<double> sel(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    // scores in fp32 exactly as the model computes them; everything after in float64
-    scores_f32(p, logits + t * n, scores.data());
-    for (int64_t e = 0; e < n; ++e) {
-      const double b = static_cast<double>(scores[static_cast<size_t>(e)]) + (p.bias ? p.bias[e] : 0.0f);
-      sel[static_cast<size_t>(e)] = static_cast<double>(static_cast<float>(b));  // the fp32 sum the gate uses
-      if (std::isnan(sel[static_cast<size_t>(e)])) sel[static_cast<size_t>(e)] = ninf;
-    }
-    if (p.n_groups > 1) {
-      std::vector<double> gs(static_cast<size_t>(p.n_groups));
-      for (int g = 0; g < p.n_groups; ++g) {
-        std::vector<double> v(sel.begin() + g * per_group, sel.begin() + (g + 1) * per_group);
-        std::sort(v.begin(), v.end(), std::greater<>());
-        gs[static_cast<size_t>(g)] = p.group_score == MoeGroupScore::kMax ? v[0] : static_cast<double>(static_cast<float>(v[0] + v[1]));
-      }
-      std::vector<bool> kept(static_cast<size_t>(p.n_groups), false);
-      for (int r = 0; r < p.topk_groups; ++r) {  // repeated argmax, lowest index on ties
-        int best = -1;
-        for (int g = 0; g < p.n_groups; ++g)
-          if (!kept[static_cast<size_t>(g)] && (best < 0 || gs[static_cast<size_t>(g)] > gs[static_cast<size_t>(best)])) best = g;
-        kept[static_cast<size_t>(best)] = true;
-      }
-      for (int64_t e = 0; e < n; ++e)
-        if (!kept[static_cast<size_t>(e / per_group)]) sel[static_cast<size_t>(e)] = ninf;
-    }
-    std::vector<bool> taken(static_cast<size_t>(n), false);
-    double sum = 0;
-    for (int j = 0; j < p.top_k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < n; ++e)
-        if (!taken[static_cast<size_t>(e)] && (best < 0 || sel[static_cast<size_t>(e)] > sel[static_cast<size_t>(best)])) best = e;
-      taken[static_cast<size_t>(best)] = true;
-      ids[t * p.top_k + j] = static_cast<int32_t>(best);
-      weights[t * p.top_k + j] = scores[static_cast<size_t>(best)];
-      sum += scores[static_cast<size_t>(best)];
-    }
-    for (int j = 0; j < p.top_k; ++j) {
-      double& w = weights[t * p.top_k + j];
-      w = (p.normalize ? w / (sum + 1e-20) : w) * p.scale;
-    }
   }
 }
 

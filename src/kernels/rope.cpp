@@ -1,5 +1,5 @@
 // RoPE with YaRN: frequencies as DeepSeek's precompute_freqs_cis, a float32 cos/sin table built
-// once, and the interleaved-pair rotation (plus the float64 reference). See rope.h.
+// once, and the interleaved-pair rotation. The float64 reference is in rope_ref.cpp. See rope.h.
 #include "kernels/rope.h"
 
 #include <algorithm>
@@ -42,12 +42,12 @@ Status validate(const RopeParams& p) {
   return {};
 }
 
+}  // namespace
+
 // HF's cos/sin attention factor (1 whenever mscale == mscale_all_dim, as in every DeepSeek config).
-double cos_sin_scale(const RopeParams& p) {
+double rope_cos_sin_scale(const RopeParams& p) {
   return yarn_mscale(p.factor, p.mscale) / yarn_mscale(p.factor, p.mscale_all_dim);
 }
-
-}  // namespace
 
 std::vector<double> rope_inv_freq(const RopeParams& p) {
   const int64_t half = p.dim / 2;
@@ -81,7 +81,7 @@ Result<RopeTable> RopeTable::create(const RopeParams& p, int64_t max_positions) 
   t.cos_.resize(static_cast<size_t>(max_positions * half));
   t.sin_.resize(static_cast<size_t>(max_positions * half));
   const std::vector<double> f = rope_inv_freq(p);
-  const double scale = cos_sin_scale(p);
+  const double scale = rope_cos_sin_scale(p);
   for (int64_t pos = 0; pos < max_positions; ++pos) {
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(pos) * f[static_cast<size_t>(i)];
@@ -116,25 +116,6 @@ void rope_apply(const RopeTable& table, const RopeApplyParams& p, const int64_t*
     const float* c = table.cos_at(pos);
     const float* s = table.sin_at(pos);
     for (int64_t h = 0; h < p.n_heads; ++h) rotate_pairs(x + t * p.token_stride + h * p.head_stride, c, s, half, sign);
-  }
-}
-
-void rope_apply_ref(const RopeParams& rp, const RopeApplyParams& p, const int64_t* positions, const float* x,
-                    double* out) {
-  const std::vector<double> f = rope_inv_freq(rp);
-  const double scale = cos_sin_scale(rp);
-  const int64_t half = rp.dim / 2;
-  for (int64_t t = 0; t < p.n_tokens; ++t) {
-    for (int64_t h = 0; h < p.n_heads; ++h) {
-      const float* xi = x + t * p.token_stride + h * p.head_stride;
-      double* oi = out + (t * p.n_heads + h) * rp.dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(positions[t]) * f[static_cast<size_t>(i)] * (p.inverse ? -1.0 : 1.0);
-        const double c = std::cos(a) * scale, s = std::sin(a) * scale;
-        oi[2 * i] = xi[2 * i] * c - xi[2 * i + 1] * s;
-        oi[2 * i + 1] = xi[2 * i] * s + xi[2 * i + 1] * c;
-      }
-    }
   }
 }
 

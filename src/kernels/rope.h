@@ -43,6 +43,8 @@ double yarn_mscale(double factor, double mscale);
 
 // The (blended) inverse frequencies, dim/2 of them, in float64.
 std::vector<double> rope_inv_freq(const RopeParams& p);
+// HF's cos/sin factor yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim).
+double rope_cos_sin_scale(const RopeParams& p);
 
 // cos/sin for positions [0, max_positions): sized once (max_positions * dim * 4 bytes).
 class RopeTable {
