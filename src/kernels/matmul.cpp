@@ -71,6 +71,25 @@ Result<WeightView> slice_rows(const WeightView& w, int64_t begin, int64_t end) {
 
 int64_t matmul_matvec_max_m(DType) { return kMatvecMaxM; }
 
+void dequantize_weight_row(const WeightView& w, int64_t r, float* dst) {
+  CHECK(r >= 0 && r < w.rows);
+  const int64_t cols = w.cols;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + dtype_bytes(w.dtype, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(r);
+  switch (w.dtype) {
+    case DType::kF8E4M3: {
+      const float* s = fp8_scale_row(w, r);
+      for (int64_t c = 0; c < cols; ++c) dst[c] = e4m3_to_f32(row[c]) * s[c / 128];
+      return;
+    }
+    case DType::kQ8_0: dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(row), dst, cols); return;
+    case DType::kQ4_0: dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(row), dst, cols); return;
+    default: {
+      const Status s = to_f32(w.dtype, row, dst, cols);
+      CHECK_MSG(s.ok(), "{}", s.message());
+    }
+  }
+}
+
 namespace matmul_internal {
 
 ActKind act_kind_for(DType dtype, SimdLevel level) {

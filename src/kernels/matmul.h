@@ -75,7 +75,8 @@ void matmul_ref(const WeightView& w, const float* x, int64_t m, double* y);
 // the activation precision adds.
 void matmul_exact_ref(const WeightView& w, const float* x, int64_t m, double* y);
 
-// Row r of W decoded to fp32 (dst[cols]); W[r, c] as the kernels see it (fp8: e4m3 * scale).
+// Row r of W decoded to fp32 (dst[cols]), allocation-free (an embedding lookup, say); fp8 values
+// are e4m3 * scale rounded to fp32.
 void dequantize_weight_row(const WeightView& w, int64_t r, float* dst);
 
 // The largest m that takes the matrix-vector path; above it the GEMM path runs (for benchmarks).

@@ -134,11 +134,4 @@ void ref_impl(const WeightView& w, const float* x, int64_t m, double* y, bool ro
 void matmul_ref(const WeightView& w, const float* x, int64_t m, double* y) { ref_impl(w, x, m, y, true); }
 void matmul_exact_ref(const WeightView& w, const float* x, int64_t m, double* y) { ref_impl(w, x, m, y, false); }
 
-void dequantize_weight_row(const WeightView& w, int64_t r, float* dst) {
-  CHECK(r >= 0 && r < w.rows);
-  std::vector<double> tmp(static_cast<size_t>(w.cols));
-  decode_row_f64(w, r, tmp.data());
-  for (int64_t c = 0; c < w.cols; ++c) dst[c] = static_cast<float>(tmp[static_cast<size_t>(c)]);
-}
-
 }  // namespace fathom

@@ -331,3 +331,28 @@ TEST(Matmul, SliceRowsKeepsFp8ScaleGridAligned) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+TEST(Matmul, DequantizeWeightRowMatchesTheExactWeights) {
+  Rng rng(testing::test_seed());
+  for (DType t : kAllTypes) {
+    const int64_t rows = 130, cols = is_quant(t) ? 64 : 37;
+    auto w = testing::random_weight(rng, t, rows, cols, true);
+    std::vector<float> onehot(static_cast<size_t>(cols * cols), 0.0f), row(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) onehot[static_cast<size_t>(c * cols + c)] = 1.0f;
+    std::vector<double> exact(static_cast<size_t>(cols * rows));
+    matmul_exact_ref(w.view, onehot.data(), cols, exact.data());  // exact[c, r] = W[r, c]
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_weight_row(w.view, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        const double want = exact[static_cast<size_t>(c * rows + r)];
+        ASSERT_NEAR(row[static_cast<size_t>(c)], want, 6e-8 * std::fabs(want)) << dtype_name(t) << " " << r << "," << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom
