@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <optional>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,11 +81,15 @@ BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t 
     } else {
       const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
       for (int64_t r = 0; r < n; ++r) {
-        for (int64_t j = 0; j < k; ++j) f[static_cast<size_t>(j)] = counter_uniform(seed + static_cast<uint64_t>(c), static_cast<uint64_t>(r), static_cast<uint64_t>(j)) * 0.05f;
+        for (int64_t j = 0; j < k; ++j)
+          f[static_cast<size_t>(j)] = counter_uniform(seed + static_cast<uint64_t>(c),
+                                                      static_cast<uint64_t>(r), static_cast<uint64_t>(j)) *
+                                      0.05f;
         CHECK_OK(from_f32(dtype, f.data(), base + static_cast<uint64_t>(r) * row_bytes, k));
       }
     }
-    w.views.push_back(WeightView{dtype, n, k, base, w.scale.back().empty() ? nullptr : w.scale.back().data()});
+    w.views.push_back(
+        WeightView{dtype, n, k, base, w.scale.back().empty() ? nullptr : w.scale.back().data()});
   }
   return w;
 }
@@ -138,7 +142,8 @@ int run_gemm(int argc, char** argv) {
   args.option("--n", &o.n, "output features (weight rows)");
   args.option("--k", &o.k, "input features (weight cols)");
   args.option("--seconds", &o.seconds, "time budget per shape");
-  args.option("--rotate", &o.rotate, "total bytes of weight copies cycled for small m (defeats the caches)", "SIZE");
+  args.option("--rotate", &o.rotate, "total bytes of weight copies cycled for small m (defeats the caches)",
+              "SIZE");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
@@ -146,20 +151,24 @@ int run_gemm(int argc, char** argv) {
   auto dtype = parse_dtype(o.dtype);
   if (!dtype.ok()) return fail(args.command(), dtype.status());
   if (!matmul_supports(*dtype)) {
-    return fail(args.command(), invalid_argument("--dtype {}: matmul supports f32, f16, bf16, fp8, q8_0, q4_0", o.dtype));
+    return fail(args.command(),
+                invalid_argument("--dtype {}: matmul supports f32, f16, bf16, fp8, q8_0, q4_0", o.dtype));
   }
   auto rotate = parse_size(o.rotate, "--rotate");
   if (!rotate.ok()) return fail(args.command(), rotate.status());
   std::vector<Shape> shapes;
   if (o.m || o.n || o.k) {
-    if (!o.n || !o.k) return fail(args.command(), invalid_argument("--n and --k are both needed for a single shape"));
+    if (!o.n || !o.k)
+      return fail(args.command(), invalid_argument("--n and --k are both needed for a single shape"));
     shapes.push_back({"custom", o.m.value_or(1), *o.n, *o.k});
   } else {
     shapes = default_shapes();
   }
   for (const auto& s : shapes) {
-    if (s.m < 1 || s.n < 1 || s.k < 1) return fail(args.command(), invalid_argument("shape must be positive"));
-    if (auto st = check_block_multiple(*dtype, static_cast<uint64_t>(s.k), "--k"); !st.ok()) return fail(args.command(), st);
+    if (s.m < 1 || s.n < 1 || s.k < 1)
+      return fail(args.command(), invalid_argument("shape must be positive"));
+    if (auto st = check_block_multiple(*dtype, static_cast<uint64_t>(s.k), "--k"); !st.ok())
+      return fail(args.command(), st);
   }
 
   ThreadPool& pool = default_pool();
@@ -173,14 +182,15 @@ int run_gemm(int argc, char** argv) {
   if (!o.json) {
     std::printf("threads %d, simd %s, read %.1f GB/s, peak %s %.1f GOP/s\n", pool.size(),
                 std::string(simd_level_name(simd_level())).c_str(), bw.read_gbs, arith.c_str(), peak_ops);
-    std::printf("%-24s %-6s %5s %6s %6s %10s %9s %9s %8s %8s\n", "shape", "dtype", "m", "n", "k", "us/call", "GB/s",
-                "GFLOP/s", "bw_frac", "peak_frac");
+    std::printf("%-24s %-6s %5s %6s %6s %10s %9s %9s %8s %8s\n", "shape", "dtype", "m", "n", "k", "us/call",
+                "GB/s", "GFLOP/s", "bw_frac", "peak_frac");
   }
   uint64_t seed = 1;
   for (const auto& s : shapes) {
     const uint64_t bytes = dtype_bytes(*dtype, static_cast<uint64_t>(s.n * s.k));
     const bool small_m = s.m <= 16;
-    const int copies = small_m ? static_cast<int>(std::clamp<uint64_t>(*rotate / std::max<uint64_t>(bytes, 1), 1, 64)) : 1;
+    const int copies =
+        small_m ? static_cast<int>(std::clamp<uint64_t>(*rotate / std::max<uint64_t>(bytes, 1), 1, 64)) : 1;
     BenchWeight w = make_weight(*dtype, s.n, s.k, copies, seed++);
     std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
     for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
@@ -189,28 +199,34 @@ int run_gemm(int argc, char** argv) {
     const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const double gflops = flops / t.seconds_per_call * 1e-9;
     const double bw_frac = gbs / bw.read_gbs, peak_frac = peak_ops > 0 ? gflops / peak_ops : 0;
-    results.push_back({{"shape", s.name}, {"dtype", dtype_name(*dtype)}, {"m", s.m}, {"n", s.n}, {"k", s.k},
-                       {"seconds_per_call", t.seconds_per_call}, {"calls", t.calls}, {"weight_bytes", bytes},
-                       {"weight_copies", copies}, {"flops", flops}, {"gbs", gbs}, {"gflops", gflops},
-                       {"bandwidth_fraction", bw_frac}, {"peak_fraction", peak_frac}});
+    results.push_back({{"shape", s.name},
+                       {"dtype", dtype_name(*dtype)},
+                       {"m", s.m},
+                       {"n", s.n},
+                       {"k", s.k},
+                       {"seconds_per_call", t.seconds_per_call},
+                       {"calls", t.calls},
+                       {"weight_bytes", bytes},
+                       {"weight_copies", copies},
+                       {"flops", flops},
+                       {"gbs", gbs},
+                       {"gflops", gflops},
+                       {"bandwidth_fraction", bw_frac},
+                       {"peak_fraction", peak_frac}});
     if (!o.json) {
       std::printf("%-24s %-6s %5lld %6lld %6lld %10.1f %9.1f %9.1f %8.3f %8.3f\n", s.name.c_str(),
-                  std::string(dtype_name(*dtype)).c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
-                  static_cast<long long>(s.k), t.seconds_per_call * 1e6, gbs, gflops, bw_frac, peak_frac);
+                  std::string(dtype_name(*dtype)).c_str(), static_cast<long long>(s.m),
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), t.seconds_per_call * 1e6, gbs,
+                  gflops, bw_frac, peak_frac);
       std::fflush(stdout);
     }
   }
   if (o.json) {
-    nlohmann::json j = {{"threads", pool.size()},
-                        {"simd_level", simd_level_name(simd_level())},
-                        {"dtype", dtype_name(*dtype)},
-                        {"arithmetic", arith},
-                        {"read_gbs", bw.read_gbs},
-                        {"bf16_gflops", peak.bf16_gflops},
-                        {"int8_gops", peak.int8_gops},
-                        {"f32_gflops", peak.f32_gflops},
-                        {"peak_gops_used", peak_ops},
-                        {"results", results}};
+    nlohmann::json j = {{"threads", pool.size()},      {"simd_level", simd_level_name(simd_level())},
+                        {"dtype", dtype_name(*dtype)}, {"arithmetic", arith},
+                        {"read_gbs", bw.read_gbs},     {"bf16_gflops", peak.bf16_gflops},
+                        {"int8_gops", peak.int8_gops}, {"f32_gflops", peak.f32_gflops},
+                        {"peak_gops_used", peak_ops},  {"results", results}};
     print_json_line(j.dump());
   }
   return 0;

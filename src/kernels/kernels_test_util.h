@@ -29,15 +29,16 @@ inline uint64_t test_seed() {
     seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::printf("[ seed ] %s.%s FATHOM_TEST_SEED=%llu\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
-              static_cast<unsigned long long>(seed));
+  std::printf("[ seed ] %s.%s FATHOM_TEST_SEED=%llu\n", info ? info->test_suite_name() : "?",
+              info ? info->name() : "?", static_cast<unsigned long long>(seed));
   return seed;
 }
 
 // Every SIMD level this CPU supports, lowest first.
 inline std::vector<SimdLevel> supported_levels() {
   std::vector<SimdLevel> out;
-  for (int l = 0; l <= static_cast<int>(simd_level_supported()); ++l) out.push_back(static_cast<SimdLevel>(l));
+  for (int l = 0; l <= static_cast<int>(simd_level_supported()); ++l)
+    out.push_back(static_cast<SimdLevel>(l));
   return out;
 }
 
@@ -79,7 +80,8 @@ inline TestWeight random_weight(Rng& rng, DType dtype, int64_t rows, int64_t col
         if ((b & 0x7f) == 0x7f) b = static_cast<uint8_t>(b - 1);  // no NaN
         t.data.data()[i] = b;
       }
-      for (auto& s : t.scale) s = static_cast<float>(std::ldexp(0.5 + rng.uniform(), static_cast<int>(rng.below(9)) - 8));
+      for (auto& s : t.scale)
+        s = static_cast<float>(std::ldexp(0.5 + rng.uniform(), static_cast<int>(rng.below(9)) - 8));
     }
   } else if (raw_bits && dtype == DType::kQ8_0) {
     CHECK_OK(from_f32(dtype, f.data(), t.data.data(), rows * cols));
@@ -101,7 +103,8 @@ inline std::vector<double> abs_dot(const WeightView& w, const float* x, int64_t 
     dequantize_weight_row(w, r, row.data());
     for (int64_t i = 0; i < m; ++i) {
       double s = 0;
-      for (int64_t c = 0; c < w.cols; ++c) s += std::fabs(static_cast<double>(x[i * w.cols + c]) * row[static_cast<size_t>(c)]);
+      for (int64_t c = 0; c < w.cols; ++c)
+        s += std::fabs(static_cast<double>(x[i * w.cols + c]) * row[static_cast<size_t>(c)]);
       out[static_cast<size_t>(i * w.rows + r)] = s;
     }
   }

@@ -22,15 +22,18 @@ bool matmul_supports(DType dtype) {
     case DType::kBF16:
     case DType::kF8E4M3:
     case DType::kQ8_0:
-    case DType::kQ4_0: return true;
-    default: return false;
+    case DType::kQ4_0:
+      return true;
+    default:
+      return false;
   }
 }
 
 Status validate_weight(const WeightView& w, std::string_view name) {
   if (!matmul_supports(w.dtype)) {
-    return unimplemented("{}: weight dtype {} is not supported by matmul (f32, f16, bf16, f8_e4m3, q8_0, q4_0)",
-                         name, dtype_name(w.dtype));
+    return unimplemented(
+        "{}: weight dtype {} is not supported by matmul (f32, f16, bf16, f8_e4m3, q8_0, q4_0)", name,
+        dtype_name(w.dtype));
   }
   if (w.rows <= 0 || w.cols <= 0) {
     return invalid_argument("{}: weight shape [{}, {}] must be positive", name, w.rows, w.cols);
@@ -42,24 +45,26 @@ Status validate_weight(const WeightView& w, std::string_view name) {
   if (w.data == nullptr) return invalid_argument("{}: weight data is missing", name);
   const bool fp8 = w.dtype == DType::kF8E4M3;
   if (fp8 && w.scale_inv == nullptr) {
-    return invalid_argument("{}: f8_e4m3 weight [{}, {}] needs weight_scale_inv [{}, {}]", name, w.rows, w.cols,
-                            (w.rows + 127) / 128, (w.cols + 127) / 128);
+    return invalid_argument("{}: f8_e4m3 weight [{}, {}] needs weight_scale_inv [{}, {}]", name, w.rows,
+                            w.cols, (w.rows + 127) / 128, (w.cols + 127) / 128);
   }
   if (!fp8 && w.scale_inv != nullptr) {
-    return invalid_argument("{}: weight_scale_inv given for a {} weight (only f8_e4m3 has block scales)", name,
-                            dtype_name(w.dtype));
+    return invalid_argument("{}: weight_scale_inv given for a {} weight (only f8_e4m3 has block scales)",
+                            name, dtype_name(w.dtype));
   }
   return {};
 }
 
 Result<WeightView> slice_rows(const WeightView& w, int64_t begin, int64_t end) {
   if (begin < 0 || end > w.rows || begin >= end) {
-    return out_of_range("slice_rows: [{}, {}) is not a non-empty range of the weight's {} rows", begin, end, w.rows);
+    return out_of_range("slice_rows: [{}, {}) is not a non-empty range of the weight's {} rows", begin, end,
+                        w.rows);
   }
   if (w.dtype == DType::kF8E4M3 && begin % 128 != 0) {
-    return invalid_argument("slice_rows: an f8_e4m3 slice must start at a multiple of 128 rows (got {}) so the "
-                            "128x128 scale blocks stay aligned",
-                            begin);
+    return invalid_argument(
+        "slice_rows: an f8_e4m3 slice must start at a multiple of 128 rows (got {}) so the "
+        "128x128 scale blocks stay aligned",
+        begin);
   }
   WeightView s = w;
   s.rows = end - begin;
@@ -69,20 +74,27 @@ Result<WeightView> slice_rows(const WeightView& w, int64_t begin, int64_t end) {
   return s;
 }
 
-int64_t matmul_matvec_max_m(DType) { return kMatvecMaxM; }
+int64_t matmul_matvec_max_m(DType) {
+  return kMatvecMaxM;
+}
 
 void dequantize_weight_row(const WeightView& w, int64_t r, float* dst) {
   CHECK(r >= 0 && r < w.rows);
   const int64_t cols = w.cols;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + dtype_bytes(w.dtype, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(r);
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) +
+                       dtype_bytes(w.dtype, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(r);
   switch (w.dtype) {
     case DType::kF8E4M3: {
       const float* s = fp8_scale_row(w, r);
       for (int64_t c = 0; c < cols; ++c) dst[c] = e4m3_to_f32(row[c]) * s[c / 128];
       return;
     }
-    case DType::kQ8_0: dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(row), dst, cols); return;
-    case DType::kQ4_0: dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(row), dst, cols); return;
+    case DType::kQ8_0:
+      dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(row), dst, cols);
+      return;
+    case DType::kQ4_0:
+      dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(row), dst, cols);
+      return;
     default: {
       const Status s = to_f32(w.dtype, row, dst, cols);
       CHECK_MSG(s.ok(), "{}", s.message());
@@ -95,10 +107,13 @@ namespace matmul_internal {
 ActKind act_kind_for(DType dtype, SimdLevel level) {
   switch (dtype) {
     case DType::kQ8_0:
-    case DType::kQ4_0: return ActKind::kQ8;
+    case DType::kQ4_0:
+      return ActKind::kQ8;
     case DType::kBF16:
-    case DType::kF8E4M3: return level >= SimdLevel::kAvx512Bf16 ? ActKind::kBF16 : ActKind::kF32;
-    default: return ActKind::kF32;
+    case DType::kF8E4M3:
+      return level >= SimdLevel::kAvx512Bf16 ? ActKind::kBF16 : ActKind::kF32;
+    default:
+      return ActKind::kF32;
   }
 }
 
@@ -115,15 +130,24 @@ bool fp8_use_vbmi(SimdLevel level) {
   return o != 0;
 }
 
-void set_fp8_vbmi_override(int override) { g_vbmi_override.store(override); }
+void set_fp8_vbmi_override(int override) {
+  g_vbmi_override.store(override);
+}
 
 namespace {
 
-int64_t padded(int64_t k) { return (k + kActPad - 1) / kActPad * kActPad; }
-bool needs_rounding(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF8E4M3; }
-uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
+int64_t padded(int64_t k) {
+  return (k + kActPad - 1) / kActPad * kActPad;
+}
+bool needs_rounding(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF8E4M3;
+}
+uint64_t align64(uint64_t n) {
+  return (n + 63) / 64 * 64;
+}
 
-void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_stride, int64_t i0, int64_t i1) {
+void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_stride, int64_t i0,
+                   int64_t i1) {
   const int64_t s = a.stride, k = a.k, nb = s / kQBlock, nl = s / 4;
   auto* q = const_cast<int8_t*>(a.q);
   auto* d = const_cast<float*>(a.qd);
@@ -154,8 +178,10 @@ void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_
 uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   const uint64_t rows = static_cast<uint64_t>(m), s = static_cast<uint64_t>(padded(k));
   switch (kind) {
-    case ActKind::kF32: return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
-    case ActKind::kBF16: return align64(rows * s * 2);
+    case ActKind::kF32:
+      return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
+    case ActKind::kBF16:
+      return align64(rows * s * 2);
     case ActKind::kQ8:
       return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
   }
@@ -198,7 +224,8 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
 }
 
 uint64_t act_scratch_bytes_any(int64_t m, int64_t k) {
-  return std::max({act_scratch_bytes(ActKind::kF32, DType::kBF16, m, k), act_scratch_bytes(ActKind::kBF16, DType::kBF16, m, k),
+  return std::max({act_scratch_bytes(ActKind::kF32, DType::kBF16, m, k),
+                   act_scratch_bytes(ActKind::kBF16, DType::kBF16, m, k),
                    act_scratch_bytes(ActKind::kQ8, DType::kQ8_0, m, k)});
 }
 
@@ -219,14 +246,17 @@ ActView act_rows(const ActView& a, int64_t begin, int64_t count) {
 
 void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64_t dst_row) {
   CHECK(src.kind == dst.kind && src.k == dst.k);
-  auto copy = [](const void* from, void* to, int64_t bytes) { std::memcpy(to, from, static_cast<size_t>(bytes)); };
+  auto copy = [](const void* from, void* to, int64_t bytes) {
+    std::memcpy(to, from, static_cast<size_t>(bytes));
+  };
   switch (src.kind) {
     case ActKind::kF32:
       copy(src.f32 + src_row * src.stride, const_cast<float*>(dst.f32) + dst_row * dst.stride, src.k * 4);
       return;
     case ActKind::kBF16:
       CHECK(src.stride == dst.stride && src.bf16_perm64 == dst.bf16_perm64);
-      copy(src.bf16 + src_row * src.stride, const_cast<uint16_t*>(dst.bf16) + dst_row * dst.stride, src.stride * 2);
+      copy(src.bf16 + src_row * src.stride, const_cast<uint16_t*>(dst.bf16) + dst_row * dst.stride,
+           src.stride * 2);
       return;
     case ActKind::kQ8: {
       CHECK(src.stride == dst.stride);
@@ -277,7 +307,8 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
   return a;
 }
 
-void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, float* out, int64_t i0, int64_t i1) {
+void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, float* out, int64_t i0,
+                                int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t c = 0; c < k; ++c) out[i * k + c] = bf16_to_f32(f32_to_bf16(x[i * x_stride + c]));
   }
@@ -340,7 +371,10 @@ void matmul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool
   const int64_t gran = rows_granularity(w.dtype, level, m);
   // Enough work per task to amortise the dispatch: at least ~256 KiB of weights or a panel.
   const uint64_t row_bytes = dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols));
-  const int64_t min_rows = std::max<int64_t>(gran, static_cast<int64_t>((uint64_t{1} << 18) / std::max<uint64_t>(row_bytes * static_cast<uint64_t>(std::min<int64_t>(m, 8)), 1)));
+  const int64_t min_rows = std::max<int64_t>(
+      gran, static_cast<int64_t>(
+                (uint64_t{1} << 18) /
+                std::max<uint64_t>(row_bytes * static_cast<uint64_t>(std::min<int64_t>(m, 8)), 1)));
   const int64_t units = (w.rows + gran - 1) / gran;
   const int64_t grain_units = std::max<int64_t>(1, min_rows / gran);
   pool.parallel_for(units, grain_units, [&](int64_t u0, int64_t u1, int) {

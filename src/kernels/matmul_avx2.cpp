@@ -22,7 +22,8 @@ inline float hsum8(__m256 v) {
 }
 
 inline const uint8_t* row_ptr(const WeightView& w, int64_t r) {
-  return static_cast<const uint8_t*>(w.data) + r * static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)));
+  return static_cast<const uint8_t*>(w.data) +
+         r * static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)));
 }
 
 // 8 weights from column k (k + 8 <= cols) as fp32; fp8 values carry a 2^-8 factor.
@@ -31,9 +32,11 @@ inline __m256 load_w8(const uint8_t* row, int64_t k) {
   if constexpr (D == DType::kF32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
   } else if constexpr (D == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k)));
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k)));
   } else if constexpr (D == DType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else {
     const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
@@ -62,7 +65,9 @@ inline float weight_at(const uint8_t* row, int64_t k) {
   }
 }
 
-inline void store_y(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
 
 // R weight rows x M activation rows, full reduction over k. fp8 scales fold per 128-block.
 template <DType D, int R, int M>
@@ -79,9 +84,8 @@ void dot_group(const WeightView& w, const float* x, int64_t xs, float* y, int64_
   }
   __m256 acc[R][M];
   FATHOM_UNROLL
-  for (auto& a : acc)
-    FATHOM_UNROLL
-    for (auto& v : a) v = _mm256_setzero_ps();
+  for (auto& a : acc) FATHOM_UNROLL
+  for (auto& v : a) v = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 xv[M];
@@ -101,7 +105,8 @@ void dot_group(const WeightView& w, const float* x, int64_t xs, float* y, int64_
     for (int m = 0; m < M; ++m) {
       float s = hsum8(acc[i][m]);
       for (int64_t t = k; t < K; ++t) {
-        const float wt = kFp8 ? weight_at<D>(rows[i], t) * (scales[i][t / 128] * 256.0f) : weight_at<D>(rows[i], t);
+        const float wt =
+            kFp8 ? weight_at<D>(rows[i], t) * (scales[i][t / 128] * 256.0f) : weight_at<D>(rows[i], t);
         s += wt * x[m * xs + t];
       }
       store_y(y + m * ldy + r + i, accumulate, s);
@@ -112,12 +117,20 @@ void dot_group(const WeightView& w, const float* x, int64_t xs, float* y, int64_
 template <DType D, int R>
 void dot_rows_m(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
   int64_t m = 0;
-  for (; m + 4 <= x.m; m += 4) dot_group<D, R, 4>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r);
+  for (; m + 4 <= x.m; m += 4)
+    dot_group<D, R, 4>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r);
   switch (x.m - m) {
-    case 1: dot_group<D, R, 1>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r); break;
-    case 2: dot_group<D, R, 2>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r); break;
-    case 3: dot_group<D, R, 3>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r); break;
-    default: break;
+    case 1:
+      dot_group<D, R, 1>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r);
+      break;
+    case 2:
+      dot_group<D, R, 2>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r);
+      break;
+    case 3:
+      dot_group<D, R, 3>(w, x.f32 + m * x.stride, x.stride, y + m * ldy, ldy, accumulate, r);
+      break;
+    default:
+      break;
   }
 }
 
@@ -167,14 +180,14 @@ void qdot_group(const WeightView& w, const ActView& x, int64_t m0, float* y, int
   for (int i = 0; i < R; ++i) rows[i] = static_cast<const uint8_t*>(w.data) + (r + i) * nb * bb;
   __m256 acc[R][M];
   FATHOM_UNROLL
-  for (auto& a : acc)
-    FATHOM_UNROLL
-    for (auto& v : a) v = _mm256_setzero_ps();
+  for (auto& a : acc) FATHOM_UNROLL
+  for (auto& v : a) v = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     __m256i xq[M];
     FATHOM_UNROLL
-    for (int m = 0; m < M; ++m) xq[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + (m0 + m) * x.stride + b * 32));
+    for (int m = 0; m < M; ++m)
+      xq[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + (m0 + m) * x.stride + b * 32));
     FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m256i wq = load_q32<D>(rows[i], b);
@@ -190,9 +203,8 @@ void qdot_group(const WeightView& w, const ActView& x, int64_t m0, float* y, int
     }
   }
   FATHOM_UNROLL
-  for (int i = 0; i < R; ++i)
-    FATHOM_UNROLL
-    for (int m = 0; m < M; ++m) store_y(y + (m0 + m) * ldy + r + i, accumulate, hsum8(acc[i][m]));
+  for (int i = 0; i < R; ++i) FATHOM_UNROLL
+  for (int m = 0; m < M; ++m) store_y(y + (m0 + m) * ldy + r + i, accumulate, hsum8(acc[i][m]));
 }
 
 template <DType D, int R>
@@ -200,10 +212,17 @@ void qdot_rows_m(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   int64_t m = 0;
   for (; m + 4 <= x.m; m += 4) qdot_group<D, R, 4>(w, x, m, y, ldy, accumulate, r);
   switch (x.m - m) {
-    case 1: qdot_group<D, R, 1>(w, x, m, y, ldy, accumulate, r); break;
-    case 2: qdot_group<D, R, 2>(w, x, m, y, ldy, accumulate, r); break;
-    case 3: qdot_group<D, R, 3>(w, x, m, y, ldy, accumulate, r); break;
-    default: break;
+    case 1:
+      qdot_group<D, R, 1>(w, x, m, y, ldy, accumulate, r);
+      break;
+    case 2:
+      qdot_group<D, R, 2>(w, x, m, y, ldy, accumulate, r);
+      break;
+    case 3:
+      qdot_group<D, R, 3>(w, x, m, y, ldy, accumulate, r);
+      break;
+    default:
+      break;
   }
 }
 
@@ -221,16 +240,25 @@ void rows_f32family_avx2(const WeightView& w, const ActView& x, float* y, int64_
                          int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kF32);
   switch (w.dtype) {
-    case DType::kF32: float_rows<DType::kF32>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kF16: float_rows<DType::kF16>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kBF16: float_rows<DType::kBF16>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kF8E4M3: float_rows<DType::kF8E4M3>(w, x, y, y_stride, accumulate, r0, r1); return;
-    default: CHECK_MSG(false, "rows_f32family_avx2: {}", dtype_name(w.dtype));
+    case DType::kF32:
+      float_rows<DType::kF32>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kF16:
+      float_rows<DType::kF16>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kBF16:
+      float_rows<DType::kBF16>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kF8E4M3:
+      float_rows<DType::kF8E4M3>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    default:
+      CHECK_MSG(false, "rows_f32family_avx2: {}", dtype_name(w.dtype));
   }
 }
 
-void rows_int8_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate, int64_t r0,
-                    int64_t r1) {
+void rows_int8_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                    int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kQ8);
   if (w.dtype == DType::kQ8_0) {
     quant_rows<DType::kQ8_0>(w, x, y, y_stride, accumulate, r0, r1);
@@ -278,7 +306,8 @@ void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi + b * kQBlock), qv);
       d[i * nb + b] = dv;
       // sums of 4 and of 32 values: maddubs(1, q) adds pairs, madd(.., 1) adds pairs of pairs
-      const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
+      const __m256i s4 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
       const __m256i c4 = _mm256_mullo_epi32(s4, _mm256_set1_epi32(-128));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(corr_lane + i * (stride / 4) + b * 8), c4);
       __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));

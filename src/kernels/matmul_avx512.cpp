@@ -15,7 +15,8 @@ namespace fathom::matmul_internal {
 namespace {
 
 inline const uint8_t* row_ptr(const WeightView& w, int64_t r) {
-  return static_cast<const uint8_t*>(w.data) + r * static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)));
+  return static_cast<const uint8_t*>(w.data) +
+         r * static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)));
 }
 
 // 16 weights of a row from column k (n valid, the rest zero) as fp32, without the fp8 scale.
@@ -28,15 +29,19 @@ inline __m512 load_w16(const uint8_t* row, int64_t k, int64_t n, const E4m3ToBf1
     return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
   } else if constexpr (D == DType::kF16 || D == DType::kBF16) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + k;
-    const __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mk, p);
+    const __m256i h =
+        full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mk, p);
     return D == DType::kF16 ? _mm512_cvtph_ps(h) : bf16_to_f32x16(h);
   } else {
-    const __m128i b = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)) : _mm_maskz_loadu_epi8(mk, row + k);
+    const __m128i b =
+        full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)) : _mm_maskz_loadu_epi8(mk, row + k);
     return bf16_to_f32x16(_mm512_castsi512_si256(conv->convert(_mm256_castsi128_si256(b))));
   }
 }
 
-inline void store_y(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
 
 template <DType D, int R, int M>
 void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
@@ -59,7 +64,8 @@ void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, 
     __m512 xv[M];
     FATHOM_UNROLL
     for (int m = 0; m < M; ++m) {
-      xv[m] = n >= 16 ? _mm512_loadu_ps(x.f32 + m * x.stride + k) : _mm512_maskz_loadu_ps(lanes16(n), x.f32 + m * x.stride + k);
+      xv[m] = n >= 16 ? _mm512_loadu_ps(x.f32 + m * x.stride + k)
+                      : _mm512_maskz_loadu_ps(lanes16(n), x.f32 + m * x.stride + k);
     }
     FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
@@ -96,13 +102,21 @@ void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
 }
 
 template <DType D>
-void matvec_dispatch(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
-                     int64_t r1) {
+void matvec_dispatch(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                     int64_t r0, int64_t r1) {
   switch (x.m) {
-    case 1: matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 2: matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 3: matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1); return;
-    default: matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1); return;
+    case 1:
+      matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 2:
+      matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 3:
+      matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    default:
+      matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1);
+      return;
   }
 }
 
@@ -140,8 +154,8 @@ struct F32Gemm {
   }
 
   template <int MR>
-  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
-                    int64_t nr, bool overwrite) {
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
     __m512 acc[MR][3];
     FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
@@ -185,11 +199,20 @@ void rows_f32family_avx512(const WeightView& w, const ActView& x, float* y, int6
                            int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kF32);
   switch (w.dtype) {
-    case DType::kF32: rows_typed<DType::kF32>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kF16: rows_typed<DType::kF16>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kBF16: rows_typed<DType::kBF16>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case DType::kF8E4M3: rows_typed<DType::kF8E4M3>(w, x, y, y_stride, accumulate, r0, r1); return;
-    default: CHECK_MSG(false, "rows_f32family_avx512: {}", dtype_name(w.dtype));
+    case DType::kF32:
+      rows_typed<DType::kF32>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kF16:
+      rows_typed<DType::kF16>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kBF16:
+      rows_typed<DType::kBF16>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case DType::kF8E4M3:
+      rows_typed<DType::kF8E4M3>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    default:
+      CHECK_MSG(false, "rows_f32family_avx512: {}", dtype_name(w.dtype));
   }
 }
 
@@ -197,7 +220,8 @@ void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_
                              int64_t i0, int64_t i1, bool perm64) {
   auto load32 = [&](const float* xi, int64_t c) {  // 32 values from column c as bf16, zero past k
     const __m512 v0 = c < k ? _mm512_maskz_loadu_ps(lanes16(k - c), xi + c) : _mm512_setzero_ps();
-    const __m512 v1 = c + 16 < k ? _mm512_maskz_loadu_ps(lanes16(k - c - 16), xi + c + 16) : _mm512_setzero_ps();
+    const __m512 v1 =
+        c + 16 < k ? _mm512_maskz_loadu_ps(lanes16(k - c - 16), xi + c + 16) : _mm512_setzero_ps();
     return _mm512_inserti64x4(_mm512_castsi256_si512(f32_to_bf16_rne(v0)), f32_to_bf16_rne(v1), 1);
   };
   for (int64_t i = i0; i < i1; ++i) {
@@ -216,8 +240,9 @@ void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_
   }
 }
 
-void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q, float* d,
-                              int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0, int64_t i1) {
+void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
+                              float* d, int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0,
+                              int64_t i1) {
   const int64_t nb = stride / kQBlock;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
@@ -235,7 +260,8 @@ void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64
       }
       const __m512 v0 = _mm512_loadu_ps(xi + b * kQBlock), v1 = _mm512_loadu_ps(xi + b * kQBlock + 16);
       const __m512 a0 = _mm512_and_ps(v0, abs_mask), a1 = _mm512_and_ps(v1, abs_mask);
-      const bool finite = (_mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ)) == 0;
+      const bool finite =
+          (_mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ)) == 0;
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
       __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
       if (!finite) {
@@ -253,7 +279,8 @@ void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64
     // per-lane (group of 4) corrections for the matrix-vector kernels: -128 * sum of 4 values
     int32_t* cl = corr_lane + i * (stride / 4);
     for (int64_t c = 0; c < stride; c += 64) {
-      const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_loadu_si512(qi + c));
+      const __m512i s =
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_loadu_si512(qi + c));
       _mm512_storeu_si512(cl + c / 4, _mm512_mullo_epi32(s, _mm512_set1_epi32(-128)));
     }
     // per-lane block scales: lanes 0-7 of each 64-column group take block 2g, lanes 8-15 block 2g+1

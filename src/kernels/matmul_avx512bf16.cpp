@@ -20,7 +20,9 @@ inline const uint16_t* row_ptr(const WeightView& w, int64_t r) {
   return static_cast<const uint16_t*>(w.data) + r * w.cols;
 }
 
-inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+inline __m512bh as_bh(__m512i v) {
+  return (__m512bh)v;
+}
 
 inline __m512bh bcast_pair(const uint16_t* p) {
   int32_t v;
@@ -33,7 +35,9 @@ inline __m512i load_w32(const uint16_t* row, int64_t k, int64_t n) {
   return n >= 32 ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi16(lanes32(n), row + k);
 }
 
-inline void store_y(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
 
 // ---- matrix-vector: R rows x M activation rows ----
 
@@ -125,8 +129,8 @@ struct Bf16Gemm {
   }
 
   template <int MR>
-  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
-                    int64_t nr, bool overwrite) {
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
     __m512 acc[MR][4];
     FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) {
@@ -171,11 +175,20 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
   }
   CHECK(w.dtype == DType::kBF16);
   switch (x.m) {
-    case 1: matvec_rows<1>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case 2: matvec_rows<2>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case 3: matvec_rows<3>(w, x, y, y_stride, accumulate, r0, r1); return;
-    case 4: matvec_rows<4>(w, x, y, y_stride, accumulate, r0, r1); return;
-    default: break;
+    case 1:
+      matvec_rows<1>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case 2:
+      matvec_rows<2>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case 3:
+      matvec_rows<3>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    case 4:
+      matvec_rows<4>(w, x, y, y_stride, accumulate, r0, r1);
+      return;
+    default:
+      break;
   }
   gemm_rows<Bf16Gemm>(w, x, y, y_stride, accumulate, r0, r1);
 }

@@ -41,7 +41,9 @@ inline const uint8_t* fp8_row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + r * w.cols;
 }
 
-inline __m512bh bh(__m512i v) { return (__m512bh)v; }
+inline __m512bh bh(__m512i v) {
+  return (__m512bh)v;
+}
 
 template <int R, int M>
 inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool accumulate, int64_t r) {
@@ -109,15 +111,16 @@ void fp8_matvec_group(const Conv& conv, const WeightView& w, const ActView& x, f
     for (int i = 0; i < R; ++i) {
       const __m512 s = _mm512_set1_ps(scales[i][k0 / 128]);
       FATHOM_UNROLL
-      for (int m = 0; m < M; ++m) tot[i][m] = _mm512_fmadd_ps(_mm512_add_ps(blk[i][m][0], blk[i][m][1]), s, tot[i][m]);
+      for (int m = 0; m < M; ++m)
+        tot[i][m] = _mm512_fmadd_ps(_mm512_add_ps(blk[i][m][0], blk[i][m][1]), s, tot[i][m]);
     }
   }
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
 template <class Conv, int M>
-void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
-                     int64_t r1) {
+void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                     int64_t r0, int64_t r1) {
   const Conv conv;
   constexpr int R = M == 1 ? 4 : 2;
   int64_t r = r0;
@@ -165,8 +168,8 @@ struct Fp8Gemm {
   }
 
   template <int MR>
-  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
-                    int64_t nr, bool overwrite) {
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
     __m512 acc[MR][4];
     FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) {
@@ -196,21 +199,32 @@ struct Fp8Gemm {
     for (int m = 0; m < MR; ++m) {
       FATHOM_UNROLL
       for (int v = 0; v < 4; ++v) {
-        store_tile16(c + m * ldc + 16 * v, _mm512_mul_ps(acc[m][v], _mm512_load_ps(p.scale + 16 * v)), nr - 16 * v,
-                     overwrite);
+        store_tile16(c + m * ldc + 16 * v, _mm512_mul_ps(acc[m][v], _mm512_load_ps(p.scale + 16 * v)),
+                     nr - 16 * v, overwrite);
       }
     }
   }
 };
 
 template <class Conv>
-void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0, int64_t r1) {
+void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+              int64_t r1) {
   switch (x.m) {
-    case 1: fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 2: fp8_matvec_rows<Conv, 2>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 3: fp8_matvec_rows<Conv, 3>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 4: fp8_matvec_rows<Conv, 4>(w, x, y, ldy, accumulate, r0, r1); return;
-    default: gemm_rows<Fp8Gemm<Conv>>(w, x, y, ldy, accumulate, r0, r1); return;
+    case 1:
+      fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 2:
+      fp8_matvec_rows<Conv, 2>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 3:
+      fp8_matvec_rows<Conv, 3>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 4:
+      fp8_matvec_rows<Conv, 4>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    default:
+      gemm_rows<Fp8Gemm<Conv>>(w, x, y, ldy, accumulate, r0, r1);
+      return;
   }
 }
 

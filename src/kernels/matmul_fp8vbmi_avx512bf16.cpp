@@ -33,8 +33,9 @@ struct Fp8VbmiConv {
   inline void convert64(const uint8_t* p, __mmask64 mask, __m512i& a, __m512i& b) const {
     const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
     const __m512i lo = _mm512_permutex2var_epi8(lo0, v, lo1);  // index bits 0-6; the sign bit is ignored
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, v, hi1), v,
-                                                 _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // hi | (v & 0x80)
+    const __m512i hi =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, v, hi1), v,
+                                  _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // hi | (v & 0x80)
     a = _mm512_unpacklo_epi8(lo, hi);
     b = _mm512_unpackhi_epi8(lo, hi);
   }
@@ -42,8 +43,8 @@ struct Fp8VbmiConv {
 
 }  // namespace
 
-void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
-                              int64_t r0, int64_t r1) {
+void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
+                              bool accumulate, int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16 && x.bf16_perm64 && w.dtype == DType::kF8E4M3);
   rows_fp8<Fp8VbmiConv>(w, x, y, y_stride, accumulate, r0, r1);
 }

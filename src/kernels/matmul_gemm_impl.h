@@ -21,8 +21,8 @@ namespace fathom::matmul_internal {
 namespace {
 
 template <class T, int MR>
-inline void micro_tail(int64_t rem, const ActView& x, int64_t m0, int64_t k0, int64_t kc, const typename T::Panel& p,
-                       float* c, int64_t ldc, int64_t nr, bool overwrite) {
+inline void micro_tail(int64_t rem, const ActView& x, int64_t m0, int64_t k0, int64_t kc,
+                       const typename T::Panel& p, float* c, int64_t ldc, int64_t nr, bool overwrite) {
   if constexpr (MR >= 1) {
     if (rem == MR) {
       T::template micro<MR>(x, m0, k0, kc, p, c, ldc, nr, overwrite);
@@ -47,7 +47,8 @@ void gemm_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, boo
       for (; m0 + T::kMR <= x.m; m0 += T::kMR) {
         T::template micro<T::kMR>(x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
       }
-      if (m0 < x.m) micro_tail<T, T::kMR - 1>(x.m - m0, x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
+      if (m0 < x.m)
+        micro_tail<T, T::kMR - 1>(x.m - m0, x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
     }
   }
 }

@@ -36,8 +36,8 @@ struct ActView {
   // order the vpermi2b e4m3 converter produces: x[16L + j] at 8L + j and x[16L + 8 + j] at
   // 32 + 8L + j (L < 4, j < 8).
   bool bf16_perm64 = false;
-  const int8_t* q = nullptr;           // [m, stride]
-  const float* qd = nullptr;           // [m, stride / 32] scale d = amax / 127
+  const int8_t* q = nullptr;             // [m, stride]
+  const float* qd = nullptr;             // [m, stride / 32] scale d = amax / 127
   const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
   const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
   const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
@@ -93,16 +93,16 @@ constexpr int64_t kMatvecMaxM = 4;
 // Per-ISA entry points (nullptr-free: each exists for the dtypes its level handles).
 void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                  int64_t r0, int64_t r1);
-void rows_f32family_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
-                         bool accumulate, int64_t r0, int64_t r1);
+void rows_f32family_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                         int64_t r0, int64_t r1);
 void rows_int8_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                     int64_t r0, int64_t r1);
-void rows_f32family_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
-                           bool accumulate, int64_t r0, int64_t r1);
-void rows_int8_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
-                      bool accumulate, int64_t r0, int64_t r1);
-void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
-                          bool accumulate, int64_t r0, int64_t r1);
+void rows_f32family_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                           int64_t r0, int64_t r1);
+void rows_int8_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                      int64_t r0, int64_t r1);
+void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                          int64_t r0, int64_t r1);
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1);
 
@@ -121,8 +121,8 @@ void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, flo
 void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
                               float* d, int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0,
                               int64_t i1);
-void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
-                            float* d, int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
+void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q, float* d,
+                            int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
 
 // FP8 helpers shared by the paths: scale of weight element (r, c).
 inline const float* fp8_scale_row(const WeightView& w, int64_t r) {

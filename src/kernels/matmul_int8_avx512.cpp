@@ -41,8 +41,10 @@ inline __m512i load_q64(const uint8_t* row, int64_t b, bool two) {
   const uint8_t* p0 = row + b * bb + 2;
   if constexpr (D == DType::kQ8_0) {
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0));
-    const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + bb)) : _mm256_setzero_si256();
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m256i hi =
+        two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + bb)) : _mm256_setzero_si256();
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
   } else {
     const __m128i n0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0));
     const __m128i n1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + bb)) : _mm_setzero_si128();
@@ -65,7 +67,9 @@ inline __m512 load_d2(const uint8_t* row, int64_t b, bool two) {
   return _mm512_cvtph_ps(h);
 }
 
-inline void store_y(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
 
 template <DType D, int R, int M>
 void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
@@ -124,7 +128,7 @@ struct Int8Gemm {
   static constexpr int kMR = 6;
   static constexpr int64_t kKC = 256;
   struct Panel {
-    alignas(64) uint32_t b[kKC / 4 * kNR];          // [kc/4][64] groups of 4 bytes (w + 128)
+    alignas(64) uint32_t b[kKC / 4 * kNR];         // [kc/4][64] groups of 4 bytes (w + 128)
     alignas(64) float scale[kKC / kQBlock * kNR];  // [kc/32][64] d_w
   };
 
@@ -143,7 +147,8 @@ struct Int8Gemm {
       for (int64_t b = 0; b < nb; b += 2) {
         const bool two = b + 1 < nb;
         __m512i t[16];
-        for (int i = 0; i < 16; ++i) t[i] = rows[i] != nullptr ? load_q64<D>(rows[i], b0 + b, two) : _mm512_setzero_si512();
+        for (int i = 0; i < 16; ++i)
+          t[i] = rows[i] != nullptr ? load_q64<D>(rows[i], b0 + b, two) : _mm512_setzero_si512();
         transpose16x16_epi32(t);
         uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
         const int groups = two ? 16 : 8;
@@ -151,7 +156,8 @@ struct Int8Gemm {
       }
       for (int64_t b = 0; b < nb; ++b) {
         for (int i = 0; i < 16; ++i) {
-          p.scale[b * kNR + 16 * v + i] = rows[i] != nullptr ? f16_to_f32(load_u16(rows[i] + (b0 + b) * bb)) : 0.0f;
+          p.scale[b * kNR + 16 * v + i] =
+              rows[i] != nullptr ? f16_to_f32(load_u16(rows[i] + (b0 + b) * bb)) : 0.0f;
         }
       }
     }
@@ -160,8 +166,8 @@ struct Int8Gemm {
   // Per 32-block: int32 tile of MR x 64 in registers (24 accumulators at MR = 6), then converted
   // and scaled into the fp32 tile kept in L1 (registers cannot hold both).
   template <int MR>
-  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c, int64_t ldc,
-                    int64_t nr, bool overwrite) {
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
     alignas(64) float tile[MR][kNR];
     const int64_t xnb = x.stride / kQBlock;
     const int64_t nb = kc / 32;
@@ -196,15 +202,17 @@ struct Int8Gemm {
         for (int v = 0; v < 4; ++v) {
           const __m512 s = _mm512_mul_ps(_mm512_load_ps(dw + 16 * v), dx);
           const __m512 f = _mm512_cvtepi32_ps(acci[m][v]);
-          _mm512_store_ps(tile[m] + 16 * v,
-                          blk == 0 ? _mm512_mul_ps(f, s) : _mm512_fmadd_ps(f, s, _mm512_load_ps(tile[m] + 16 * v)));
+          _mm512_store_ps(tile[m] + 16 * v, blk == 0
+                                                ? _mm512_mul_ps(f, s)
+                                                : _mm512_fmadd_ps(f, s, _mm512_load_ps(tile[m] + 16 * v)));
         }
       }
     }
     FATHOM_UNROLL
     for (int m = 0; m < MR; ++m) {
       FATHOM_UNROLL
-      for (int v = 0; v < 4; ++v) store_tile16(c + m * ldc + 16 * v, _mm512_load_ps(tile[m] + 16 * v), nr - 16 * v, overwrite);
+      for (int v = 0; v < 4; ++v)
+        store_tile16(c + m * ldc + 16 * v, _mm512_load_ps(tile[m] + 16 * v), nr - 16 * v, overwrite);
     }
   }
 };
@@ -213,11 +221,21 @@ template <DType D>
 void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                 int64_t r1) {
   switch (x.m) {
-    case 1: matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 2: matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 3: matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1); return;
-    case 4: matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1); return;
-    default: gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1); return;
+    case 1:
+      matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 2:
+      matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 3:
+      matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 4:
+      matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    default:
+      gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);
+      return;
   }
 }
 

@@ -44,7 +44,8 @@ namespace {
 // Row r of W decoded exactly (fp8: e4m3 * scale in float64).
 void decode_row_f64(const WeightView& w, int64_t r, double* out) {
   const int64_t cols = w.cols;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + dtype_bytes(w.dtype, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(r);
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) +
+                       dtype_bytes(w.dtype, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(r);
   switch (w.dtype) {
     case DType::kF32: {
       const auto* p = reinterpret_cast<const float*>(row);
@@ -68,7 +69,8 @@ void decode_row_f64(const WeightView& w, int64_t r, double* out) {
     }
     case DType::kQ8_0: {
       const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
-      for (int64_t c = 0; c < cols; ++c) out[c] = static_cast<double>(b[c / 32].qs[c % 32]) * f16_to_f32(b[c / 32].d);
+      for (int64_t c = 0; c < cols; ++c)
+        out[c] = static_cast<double>(b[c / 32].qs[c % 32]) * f16_to_f32(b[c / 32].d);
       return;
     }
     case DType::kQ4_0: {
@@ -81,7 +83,8 @@ void decode_row_f64(const WeightView& w, int64_t r, double* out) {
       }
       return;
     }
-    default: CHECK_MSG(false, "matmul_ref: unsupported dtype {}", dtype_name(w.dtype));
+    default:
+      CHECK_MSG(false, "matmul_ref: unsupported dtype {}", dtype_name(w.dtype));
   }
 }
 
@@ -101,10 +104,12 @@ void round_act_row(DType dtype, const float* x, int64_t k, double* out) {
       std::vector<int8_t> q(static_cast<size_t>(k));
       std::vector<float> d(static_cast<size_t>(k / 32));
       matmul_internal::quantize_act_row_ref(x, k, q.data(), d.data(), nullptr, nullptr);
-      for (int64_t c = 0; c < k; ++c) out[c] = static_cast<double>(q[static_cast<size_t>(c)]) * d[static_cast<size_t>(c / 32)];
+      for (int64_t c = 0; c < k; ++c)
+        out[c] = static_cast<double>(q[static_cast<size_t>(c)]) * d[static_cast<size_t>(c / 32)];
       return;
     }
-    default: CHECK_MSG(false, "matmul_ref: unsupported dtype {}", dtype_name(dtype));
+    default:
+      CHECK_MSG(false, "matmul_ref: unsupported dtype {}", dtype_name(dtype));
   }
 }
 
@@ -131,7 +136,11 @@ void ref_impl(const WeightView& w, const float* x, int64_t m, double* y, bool ro
 
 }  // namespace
 
-void matmul_ref(const WeightView& w, const float* x, int64_t m, double* y) { ref_impl(w, x, m, y, true); }
-void matmul_exact_ref(const WeightView& w, const float* x, int64_t m, double* y) { ref_impl(w, x, m, y, false); }
+void matmul_ref(const WeightView& w, const float* x, int64_t m, double* y) {
+  ref_impl(w, x, m, y, true);
+}
+void matmul_exact_ref(const WeightView& w, const float* x, int64_t m, double* y) {
+  ref_impl(w, x, m, y, false);
+}
 
 }  // namespace fathom

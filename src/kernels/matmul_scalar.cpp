@@ -26,9 +26,12 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 
 // Weight row r decoded to fp32; fp8 without its scale (applied per block by the caller).
 void decode_row_f32(const WeightView& w, int64_t r, float* out) {
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)) * static_cast<uint64_t>(r);
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) +
+                       dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)) * static_cast<uint64_t>(r);
   switch (w.dtype) {
-    case DType::kF32: std::memcpy(out, row, static_cast<size_t>(w.cols) * 4); return;
+    case DType::kF32:
+      std::memcpy(out, row, static_cast<size_t>(w.cols) * 4);
+      return;
     case DType::kF16: {
       const auto* p = reinterpret_cast<const uint16_t*>(row);
       for (int64_t c = 0; c < w.cols; ++c) out[c] = f16_to_f32(p[c]);
@@ -42,7 +45,8 @@ void decode_row_f32(const WeightView& w, int64_t r, float* out) {
     case DType::kF8E4M3:
       for (int64_t c = 0; c < w.cols; ++c) out[c] = e4m3_to_f32(row[c]);
       return;
-    default: CHECK_MSG(false, "decode_row_f32: {}", dtype_name(w.dtype));
+    default:
+      CHECK_MSG(false, "decode_row_f32: {}", dtype_name(w.dtype));
   }
 }
 
@@ -68,10 +72,12 @@ void decode_row_q(const WeightView& w, int64_t r, int8_t* q, float* d) {
   }
 }
 
-void store(float* y, bool accumulate, float v) { *y = accumulate ? *y + v : v; }
+void store(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
 
-void rows_float(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate, int64_t r0,
-                int64_t r1) {
+void rows_float(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                int64_t r0, int64_t r1) {
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(w.cols));
   const bool fp8 = w.dtype == DType::kF8E4M3;
@@ -94,8 +100,8 @@ void rows_float(const WeightView& w, const ActView& x, float* y, int64_t y_strid
   }
 }
 
-void rows_quant(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate, int64_t r0,
-                int64_t r1) {
+void rows_quant(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                int64_t r0, int64_t r1) {
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d;
   const int64_t nb = w.cols / 32;
@@ -109,7 +115,8 @@ void rows_quant(const WeightView& w, const ActView& x, float* y, int64_t y_strid
       float v = 0;
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
-        for (int j = 0; j < 32; ++j) s += static_cast<int32_t>(q[static_cast<size_t>(b * 32 + j)]) * xq[b * 32 + j];
+        for (int j = 0; j < 32; ++j)
+          s += static_cast<int32_t>(q[static_cast<size_t>(b * 32 + j)]) * xq[b * 32 + j];
         v += static_cast<float>(s) * (d[static_cast<size_t>(b)] * xd[b]);
       }
       store(y + i * y_stride + r, accumulate, v);
@@ -119,8 +126,8 @@ void rows_quant(const WeightView& w, const ActView& x, float* y, int64_t y_strid
 
 }  // namespace
 
-void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate, int64_t r0,
-                 int64_t r1) {
+void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                 int64_t r0, int64_t r1) {
   if (x.kind == ActKind::kQ8) {
     rows_quant(w, x, y, y_stride, accumulate, r0, r1);
   } else {

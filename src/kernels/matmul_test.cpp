@@ -22,9 +22,12 @@ using testing::SimdCap;
 using testing::supported_levels;
 using testing::test_seed;
 
-const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kQ8_0, DType::kQ4_0};
+const DType kAllTypes[] = {DType::kF32,    DType::kF16,  DType::kBF16,
+                           DType::kF8E4M3, DType::kQ8_0, DType::kQ4_0};
 
-bool is_quant(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+bool is_quant(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0;
+}
 
 // Tolerance relative to sum |x w|: fp32 accumulation of up to ~1000 products in any order.
 constexpr double kRelTol = 2e-5;
@@ -44,7 +47,8 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
     std::memcpy(x.data() + i * xs, xdense.data() + i * w.cols, static_cast<size_t>(w.cols) * 4);
   std::vector<float> y0 = random_floats(rng, c.m * ys);
   y = y0;
-  matmul(w, x.data(), c.m, y.data(), pool, MatmulOptions{.x_stride = xs, .y_stride = ys, .accumulate = c.accumulate});
+  matmul(w, x.data(), c.m, y.data(), pool,
+         MatmulOptions{.x_stride = xs, .y_stride = ys, .accumulate = c.accumulate});
   std::vector<double> ref(static_cast<size_t>(c.m * w.rows));
   matmul_ref(w, xdense.data(), c.m, ref.data());
   const std::vector<double> scale = abs_dot(w, xdense.data(), c.m);
@@ -60,7 +64,8 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
       const double want = ref[ri] + (c.accumulate ? y0[yi] : 0.0);
       const double tol = kRelTol * scale[ri] + 1e-6 * std::fabs(want) + 1e-30;
       if (!(std::fabs(y[yi] - want) <= tol) && ++bad < 5) {
-        ADD_FAILURE() << what << " m=" << i << " r=" << r << ": got " << y[yi] << " want " << want << " tol " << tol;
+        ADD_FAILURE() << what << " m=" << i << " r=" << r << ": got " << y[yi] << " want " << want << " tol "
+                      << tol;
       }
     }
   }
@@ -68,8 +73,8 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
 }
 
 std::string describe(DType t, SimdLevel l, const Case& c) {
-  return fmt::format("{} {} [{}x{}] m={} acc={} xpad={} ypad={}", dtype_name(t), simd_level_name(l), c.rows, c.cols,
-                     c.m, c.accumulate, c.x_pad, c.y_pad);
+  return fmt::format("{} {} [{}x{}] m={} acc={} xpad={} ypad={}", dtype_name(t), simd_level_name(l), c.rows,
+                     c.cols, c.m, c.accumulate, c.x_pad, c.y_pad);
 }
 
 TEST(Matmul, MatchesReferenceForEveryDtypeAndSimdLevel) {
@@ -84,7 +89,11 @@ TEST(Matmul, MatchesReferenceForEveryDtypeAndSimdLevel) {
       SimdCap cap(level);
       for (int trial = 0; trial < 6; ++trial) {
         const int64_t cols = is_quant(t) ? quant_cols[rng.below(4)] : float_cols[rng.below(5)];
-        Case c{rows_list[rng.below(4)], cols, ms[rng.below(7)], rng.below(2) == 1, static_cast<int64_t>(rng.below(3)),
+        Case c{rows_list[rng.below(4)],
+               cols,
+               ms[rng.below(7)],
+               rng.below(2) == 1,
+               static_cast<int64_t>(rng.below(3)),
                static_cast<int64_t>(rng.below(3))};
         auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
         check_case(rng, w.view, c, *pool, describe(t, level, c));
@@ -139,7 +148,9 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   WeightView w{DType::kF8E4M3, rows, cols, data.data(), scale.data()};
   for (SimdLevel level : supported_levels()) {
     SimdCap cap(level);
-    for (int64_t m : {1, 6}) check_case(rng, w, Case{rows, cols, m, false, 0, 0}, *pool, describe(w.dtype, level, {rows, cols, m, false, 0, 0}));
+    for (int64_t m : {1, 6})
+      check_case(rng, w, Case{rows, cols, m, false, 0, 0}, *pool,
+                 describe(w.dtype, level, {rows, cols, m, false, 0, 0}));
   }
   data.data()[3 * cols + 17] = 0x7f;  // NaN in row 3
   std::vector<float> x = random_floats(rng, 6 * cols), y(6 * rows);
@@ -149,7 +160,8 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
       matmul(w, x.data(), m, y.data(), *pool);
       for (int64_t i = 0; i < m; ++i) {
         EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i * rows + 3)])) << simd_level_name(level) << " m=" << m;
-        EXPECT_FALSE(std::isnan(y[static_cast<size_t>(i * rows + 2)])) << simd_level_name(level) << " m=" << m;
+        EXPECT_FALSE(std::isnan(y[static_cast<size_t>(i * rows + 2)]))
+            << simd_level_name(level) << " m=" << m;
       }
     }
   }
@@ -162,11 +174,13 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   for (int vbmi : {0, 1}) {
     matmul_internal::set_fp8_vbmi_override(vbmi);
     for (int trial = 0; trial < 8; ++trial) {
-      const int64_t cols = 1 + static_cast<int64_t>(rng.below(400)), rows = 1 + static_cast<int64_t>(rng.below(150));
+      const int64_t cols = 1 + static_cast<int64_t>(rng.below(400)),
+                    rows = 1 + static_cast<int64_t>(rng.below(150));
       const int64_t m = 1 + static_cast<int64_t>(rng.below(12));
       auto w = random_weight(rng, DType::kF8E4M3, rows, cols, trial % 2 == 1);
       Case c{rows, cols, m, trial % 3 == 0, 0, 1};
-      check_case(rng, w.view, c, *pool, fmt::format("vbmi={} {}", vbmi, describe(w.view.dtype, simd_level(), c)));
+      check_case(rng, w.view, c, *pool,
+                 fmt::format("vbmi={} {}", vbmi, describe(w.view.dtype, simd_level(), c)));
     }
   }
   matmul_internal::set_fp8_vbmi_override(-1);
@@ -180,7 +194,7 @@ TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
   std::vector<float> x = random_floats(rng, m * k, 3.0f);
   x[7] = 0.0f;
   for (int j = 32; j < 64; ++j) x[static_cast<size_t>(j)] = 0.0f;  // an all-zero block
-  x[100] = 127.0f * 0.5f;                                           // ties appear after scaling
+  x[100] = 127.0f * 0.5f;                                          // ties appear after scaling
   for (SimdLevel level : supported_levels()) {
     // q8 path
     std::vector<uint8_t> scratch(act_scratch_bytes(ActKind::kQ8, DType::kQ8_0, m, k) + 64);
@@ -193,15 +207,19 @@ TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
       std::vector<int32_t> cb(k / 32), cl(k / 4);
       quantize_act_row_ref(x.data() + i * k, k, q.data(), d.data(), cb.data(), cl.data());
       for (int64_t c = 0; c < a.stride; ++c) {
-        ASSERT_EQ(a.q[i * a.stride + c], c < k ? q[static_cast<size_t>(c)] : 0) << simd_level_name(level) << " q " << i << "," << c;
+        ASSERT_EQ(a.q[i * a.stride + c], c < k ? q[static_cast<size_t>(c)] : 0)
+            << simd_level_name(level) << " q " << i << "," << c;
       }
       for (int64_t b = 0; b < a.stride / 32; ++b) {
         const bool real = b < k / 32;
-        ASSERT_EQ(a.qd[i * (a.stride / 32) + b], real ? d[static_cast<size_t>(b)] : 0.0f) << simd_level_name(level);
-        ASSERT_EQ(a.qcorr_block[i * (a.stride / 32) + b], real ? cb[static_cast<size_t>(b)] : 0) << simd_level_name(level);
+        ASSERT_EQ(a.qd[i * (a.stride / 32) + b], real ? d[static_cast<size_t>(b)] : 0.0f)
+            << simd_level_name(level);
+        ASSERT_EQ(a.qcorr_block[i * (a.stride / 32) + b], real ? cb[static_cast<size_t>(b)] : 0)
+            << simd_level_name(level);
       }
       for (int64_t l = 0; l < a.stride / 4; ++l) {
-        ASSERT_EQ(a.qcorr_lane[i * (a.stride / 4) + l], l < k / 4 ? cl[static_cast<size_t>(l)] : 0) << simd_level_name(level);
+        ASSERT_EQ(a.qcorr_lane[i * (a.stride / 4) + l], l < k / 4 ? cl[static_cast<size_t>(l)] : 0)
+            << simd_level_name(level);
       }
     }
     if (level < SimdLevel::kAvx512Bf16) continue;
@@ -220,7 +238,8 @@ TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t c = 0; c < b.stride; ++c) {
           const int64_t pos = b.bf16_perm64 ? fp8_perm64_index(c) : c;
-          ASSERT_EQ(b.bf16[i * b.stride + pos], c < k ? f32_to_bf16(xb[static_cast<size_t>(i * k + c)]) : 0) << i << "," << c;
+          ASSERT_EQ(b.bf16[i * b.stride + pos], c < k ? f32_to_bf16(xb[static_cast<size_t>(i * k + c)]) : 0)
+              << i << "," << c;
           ASSERT_EQ(b.bf16[i * b.stride + pos], want[static_cast<size_t>(i * b.stride + pos)]);
         }
       }
@@ -248,7 +267,8 @@ TEST(Matmul, ActivationPrecisionStaysWithinItsStatedBound) {
         double wabs = 0;
         for (float v : row) wabs += std::fabs(v);
         const size_t j = static_cast<size_t>(i * 40 + r);
-        const double bound = t == DType::kQ8_0 ? amax / 254.0 * wabs * 1.0001 : std::ldexp(scale[j], -9) * 1.0001;
+        const double bound =
+            t == DType::kQ8_0 ? amax / 254.0 * wabs * 1.0001 : std::ldexp(scale[j], -9) * 1.0001;
         EXPECT_LE(std::fabs(got[j] - exact[j]), bound) << dtype_name(t);
       }
     }
@@ -269,7 +289,8 @@ TEST(Matmul, ResultsDoNotDependOnThreadCount) {
         if (base.empty()) {
           base = y;
         } else {
-          ASSERT_EQ(0, std::memcmp(base.data(), y.data(), y.size() * 4)) << dtype_name(t) << " m=" << m << " threads=" << threads;
+          ASSERT_EQ(0, std::memcmp(base.data(), y.data(), y.size() * 4))
+              << dtype_name(t) << " m=" << m << " threads=" << threads;
         }
       }
     }
@@ -317,7 +338,8 @@ TEST(Matmul, SliceRowsKeepsFp8ScaleGridAligned) {
   matmul(w.view, x.data(), 2, full.data(), *pool);
   matmul(*s, x.data(), 2, part.data(), *pool);
   for (int64_t i = 0; i < 2; ++i)
-    for (int64_t r = 0; r < 256; ++r) EXPECT_EQ(part[static_cast<size_t>(i * 256 + r)], full[static_cast<size_t>(i * 384 + 128 + r)]);
+    for (int64_t r = 0; r < 256; ++r)
+      EXPECT_EQ(part[static_cast<size_t>(i * 256 + r)], full[static_cast<size_t>(i * 384 + 128 + r)]);
   auto q = random_weight(rng, DType::kQ8_0, 10, 64);
   auto qs = slice_rows(q.view, 3, 7);
   ASSERT_TRUE(qs.ok());
@@ -326,7 +348,8 @@ TEST(Matmul, SliceRowsKeepsFp8ScaleGridAligned) {
   matmul(q.view, xq.data(), 2, ya.data(), *pool);
   matmul(*qs, xq.data(), 2, yb.data(), *pool);
   for (int64_t i = 0; i < 2; ++i)
-    for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(yb[static_cast<size_t>(i * 4 + r)], ya[static_cast<size_t>(i * 10 + 3 + r)]);
+    for (int64_t r = 0; r < 4; ++r)
+      EXPECT_EQ(yb[static_cast<size_t>(i * 4 + r)], ya[static_cast<size_t>(i * 10 + 3 + r)]);
 }
 
 }  // namespace
@@ -348,7 +371,8 @@ TEST(Matmul, DequantizeWeightRowMatchesTheExactWeights) {
       dequantize_weight_row(w.view, r, row.data());
       for (int64_t c = 0; c < cols; ++c) {
         const double want = exact[static_cast<size_t>(c * rows + r)];
-        ASSERT_NEAR(row[static_cast<size_t>(c)], want, 6e-8 * std::fabs(want)) << dtype_name(t) << " " << r << "," << c;
+        ASSERT_NEAR(row[static_cast<size_t>(c)], want, 6e-8 * std::fabs(want))
+            << dtype_name(t) << " " << r << "," << c;
       }
     }
   }

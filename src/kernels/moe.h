@@ -34,8 +34,8 @@ struct MoeGateParams {
   int64_t n_experts = 0;  // n_routed_experts
   int top_k = 1;          // num_experts_per_tok
   MoeScoring scoring = MoeScoring::kSoftmax;
-  int n_groups = 1;       // n_group; 1 disables group limiting
-  int topk_groups = 1;    // topk_group
+  int n_groups = 1;     // n_group; 1 disables group limiting
+  int topk_groups = 1;  // topk_group
   MoeGroupScore group_score = MoeGroupScore::kMax;
   const float* bias = nullptr;  // [n_experts] e_score_correction_bias, or nullptr
   bool normalize = false;
@@ -53,7 +53,8 @@ void moe_gate_scores(const MoeGateParams& p, const float* logits, float* scores)
 // logits: [n_tokens, n_experts] (the gate linear's output); ids, weights: [n_tokens, top_k].
 void moe_gate(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids, float* weights);
 // Float64 reference of the same (same tie rule).
-void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids, double* weights);
+void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids,
+                  double* weights);
 
 // One expert's SwiGLU weights: gate, up: [inter, hidden]; down: [hidden, inter].
 struct ExpertWeights {
@@ -63,8 +64,8 @@ struct ExpertWeights {
 struct MoeExpertsParams {
   int64_t n_experts = 0;  // entries of the experts span (routed ids index it)
   int64_t hidden = 0;
-  int64_t inter = 0;      // moe_intermediate_size (or n_shared * it for the shared experts as one)
-  int top_k = 1;          // slots per token, at most 64
+  int64_t inter = 0;  // moe_intermediate_size (or n_shared * it for the shared experts as one)
+  int top_k = 1;      // slots per token, at most 64
 };
 
 // Scratch for moe_experts, sized once for at most `max_tokens` tokens (allocated here, never per

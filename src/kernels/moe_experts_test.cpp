@@ -28,7 +28,8 @@ struct Experts {
   std::vector<ExpertWeights> views;
 };
 
-Experts make_experts(Rng& rng, const MoeExpertsParams& p, DType gate_type, DType down_type, int64_t missing = -1) {
+Experts make_experts(Rng& rng, const MoeExpertsParams& p, DType gate_type, DType down_type,
+                     int64_t missing = -1) {
   Experts ex;
   for (int64_t e = 0; e < p.n_experts; ++e) {
     ex.storage.push_back(random_weight(rng, gate_type, p.inter, p.hidden));
@@ -36,7 +37,8 @@ Experts make_experts(Rng& rng, const MoeExpertsParams& p, DType gate_type, DType
     ex.storage.push_back(random_weight(rng, down_type, p.hidden, p.inter));
   }
   for (int64_t e = 0; e < p.n_experts; ++e) {
-    ExpertWeights w{ex.storage[static_cast<size_t>(3 * e)].view, ex.storage[static_cast<size_t>(3 * e + 1)].view,
+    ExpertWeights w{ex.storage[static_cast<size_t>(3 * e)].view,
+                    ex.storage[static_cast<size_t>(3 * e + 1)].view,
                     ex.storage[static_cast<size_t>(3 * e + 2)].view};
     if (e == missing) w = ExpertWeights{};
     ex.views.push_back(w);
@@ -45,8 +47,8 @@ Experts make_experts(Rng& rng, const MoeExpertsParams& p, DType gate_type, DType
 }
 
 // Distinct experts per token (never `missing`), some slots skipped (-1).
-void random_routing(Rng& rng, const MoeExpertsParams& p, int64_t T, int64_t missing, std::vector<int32_t>& ids,
-                    std::vector<float>& w) {
+void random_routing(Rng& rng, const MoeExpertsParams& p, int64_t T, int64_t missing,
+                    std::vector<int32_t>& ids, std::vector<float>& w) {
   ids.assign(static_cast<size_t>(T * p.top_k), -1);
   w.assign(ids.size(), 0.0f);
   for (int64_t t = 0; t < T; ++t) {
@@ -81,7 +83,8 @@ std::vector<double> tolerance(const MoeExpertsParams& p, const Experts& ex, cons
       matmul_ref(ew.up, x + t * p.hidden, 1, u.data());
       double hmax = 0;
       for (int64_t i = 0; i < p.inter; ++i) {
-        h[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1.0 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
+        h[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1.0 + std::exp(-g[static_cast<size_t>(i)])) *
+                                    u[static_cast<size_t>(i)];
         hmax = std::max(hmax, std::fabs(h[static_cast<size_t>(i)]));
       }
       const double delta = 1e-5 * hmax;  // how far the fast path's h may sit from this one
@@ -95,7 +98,8 @@ std::vector<double> tolerance(const MoeExpertsParams& p, const Experts& ex, cons
           s = std::fabs(static_cast<double>(b) - a);
         } else if (dt == DType::kQ8_0 || dt == DType::kQ4_0) {
           double amax = 0;
-          for (int64_t c = i / 32 * 32; c < i / 32 * 32 + 32; ++c) amax = std::max(amax, std::fabs(h[static_cast<size_t>(c)]));
+          for (int64_t c = i / 32 * 32; c < i / 32 * 32 + 32; ++c)
+            amax = std::max(amax, std::fabs(h[static_cast<size_t>(c)]));
           const double d = amax / 127.0, v = d > 0 ? hi / d : 0.0, dv = d > 0 ? delta / d + 127 * 1e-5 : 0.0;
           s = std::nearbyint(v - dv) != std::nearbyint(v + dv) ? 1.01 * d : 0.0;
         }
@@ -108,14 +112,16 @@ std::vector<double> tolerance(const MoeExpertsParams& p, const Experts& ex, cons
           sum_abs += std::fabs(drow[static_cast<size_t>(i)] * h[static_cast<size_t>(i)]);
           flips += std::fabs(drow[static_cast<size_t>(i)]) * step[static_cast<size_t>(i)];
         }
-        tol[static_cast<size_t>(t * p.hidden + r)] += std::fabs(w[static_cast<size_t>(t * p.top_k + j)]) * (1e-5 * sum_abs + flips);
+        tol[static_cast<size_t>(t * p.hidden + r)] +=
+            std::fabs(w[static_cast<size_t>(t * p.top_k + j)]) * (1e-5 * sum_abs + flips);
       }
     }
   }
   return tol;
 }
 
-void run_case(Rng& rng, DType gate_type, DType down_type, int64_t T, ThreadPool& pool, const std::string& what) {
+void run_case(Rng& rng, DType gate_type, DType down_type, int64_t T, ThreadPool& pool,
+              const std::string& what) {
   const bool quant = gate_type == DType::kQ8_0 || down_type == DType::kQ8_0 || gate_type == DType::kQ4_0;
   MoeExpertsParams p{.n_experts = 7, .hidden = quant ? 96 : 90, .inter = quant ? 160 : 70, .top_k = 3};
   const int64_t missing = 5;
@@ -135,21 +141,23 @@ void run_case(Rng& rng, DType gate_type, DType down_type, int64_t T, ThreadPool&
   const std::vector<double> tol = tolerance(p, ex, x.data(), T, ids, w);
   for (size_t i = 0; i < ref.size(); ++i) {
     const double want = ref[i] + (accumulate ? y0[i] : 0.0);
-    ASSERT_NEAR(y[i], want, tol[i] + 1e-6 * std::fabs(want)) << what << " token " << i / static_cast<size_t>(p.hidden);
+    ASSERT_NEAR(y[i], want, tol[i] + 1e-6 * std::fabs(want))
+        << what << " token " << i / static_cast<size_t>(p.hidden);
   }
 }
 
 TEST(MoeExperts, MatchesReferenceForEveryDtypeAndLevel) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(3);
-  const std::pair<DType, DType> types[] = {{DType::kBF16, DType::kBF16},   {DType::kF8E4M3, DType::kF8E4M3},
-                                           {DType::kQ8_0, DType::kQ8_0},   {DType::kF32, DType::kF32},
-                                           {DType::kQ4_0, DType::kQ8_0},   {DType::kF16, DType::kBF16}};
+  const std::pair<DType, DType> types[] = {{DType::kBF16, DType::kBF16}, {DType::kF8E4M3, DType::kF8E4M3},
+                                           {DType::kQ8_0, DType::kQ8_0}, {DType::kF32, DType::kF32},
+                                           {DType::kQ4_0, DType::kQ8_0}, {DType::kF16, DType::kBF16}};
   for (SimdLevel level : supported_levels()) {
     SimdCap cap(level);
     for (auto [gt, dt] : types) {
       for (int64_t T : {1, 2, 23}) {
-        run_case(rng, gt, dt, T, *pool, fmt::format("{}/{} {} T={}", dtype_name(gt), dtype_name(dt), simd_level_name(level), T));
+        run_case(rng, gt, dt, T, *pool,
+                 fmt::format("{}/{} {} T={}", dtype_name(gt), dtype_name(dt), simd_level_name(level), T));
       }
     }
   }
@@ -189,7 +197,8 @@ TEST(MoeExperts, ValidationNamesTheExpertAndShape) {
   MoeExpertsParams p{.n_experts = 3, .hidden = 64, .inter = 32, .top_k = 2};
   Experts ex = make_experts(rng, p, DType::kBF16, DType::kBF16);
   EXPECT_TRUE(validate_experts(p, ex.views).ok());
-  Experts bad = make_experts(rng, MoeExpertsParams{.n_experts = 3, .hidden = 64, .inter = 48, .top_k = 2}, DType::kBF16, DType::kBF16);
+  Experts bad = make_experts(rng, MoeExpertsParams{.n_experts = 3, .hidden = 64, .inter = 48, .top_k = 2},
+                             DType::kBF16, DType::kBF16);
   auto s = validate_experts(p, bad.views);
   EXPECT_NE(s.message().find("expert 0"), std::string::npos) << s.message();
   std::vector<ExpertWeights> mixed = ex.views;
@@ -197,7 +206,8 @@ TEST(MoeExperts, ValidationNamesTheExpertAndShape) {
   mixed[2] = q.views[2];
   EXPECT_FALSE(validate_experts(p, mixed).ok());
   EXPECT_FALSE(validate_experts(p, std::span<const ExpertWeights>(ex.views.data(), 2)).ok());
-  EXPECT_FALSE(MoeWorkspace::create(MoeExpertsParams{.n_experts = 3, .hidden = 64, .inter = 32, .top_k = 65}, 4).ok());
+  EXPECT_FALSE(
+      MoeWorkspace::create(MoeExpertsParams{.n_experts = 3, .hidden = 64, .inter = 32, .top_k = 65}, 4).ok());
   EXPECT_FALSE(MoeWorkspace::create(p, 0).ok());
 }
 

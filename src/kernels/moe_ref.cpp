@@ -10,7 +10,8 @@
 
 namespace fathom {
 
-void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids, double* weights) {
+void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens, int32_t* ids,
+                  double* weights) {
   const Status v = validate_moe_gate(p);
   CHECK_MSG(v.ok(), "{}", v.message());
   const int64_t n = p.n_experts, per_group = n / p.n_groups;
@@ -30,13 +31,17 @@ void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens,
       for (int g = 0; g < p.n_groups; ++g) {
         std::vector<double> v(sel.begin() + g * per_group, sel.begin() + (g + 1) * per_group);
         std::sort(v.begin(), v.end(), std::greater<>());
-        gs[static_cast<size_t>(g)] = p.group_score == MoeGroupScore::kMax ? v[0] : static_cast<double>(static_cast<float>(v[0] + v[1]));
+        gs[static_cast<size_t>(g)] = p.group_score == MoeGroupScore::kMax
+                                         ? v[0]
+                                         : static_cast<double>(static_cast<float>(v[0] + v[1]));
       }
       std::vector<bool> kept(static_cast<size_t>(p.n_groups), false);
       for (int r = 0; r < p.topk_groups; ++r) {  // repeated argmax, lowest index on ties
         int best = -1;
         for (int g = 0; g < p.n_groups; ++g)
-          if (!kept[static_cast<size_t>(g)] && (best < 0 || gs[static_cast<size_t>(g)] > gs[static_cast<size_t>(best)])) best = g;
+          if (!kept[static_cast<size_t>(g)] &&
+              (best < 0 || gs[static_cast<size_t>(g)] > gs[static_cast<size_t>(best)]))
+            best = g;
         kept[static_cast<size_t>(best)] = true;
       }
       for (int64_t e = 0; e < n; ++e)
@@ -47,7 +52,9 @@ void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens,
     for (int j = 0; j < p.top_k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < n; ++e)
-        if (!taken[static_cast<size_t>(e)] && (best < 0 || sel[static_cast<size_t>(e)] > sel[static_cast<size_t>(best)])) best = e;
+        if (!taken[static_cast<size_t>(e)] &&
+            (best < 0 || sel[static_cast<size_t>(e)] > sel[static_cast<size_t>(best)]))
+          best = e;
       taken[static_cast<size_t>(best)] = true;
       ids[t * p.top_k + j] = static_cast<int32_t>(best);
       weights[t * p.top_k + j] = scores[static_cast<size_t>(best)];
@@ -60,9 +67,10 @@ void moe_gate_ref(const MoeGateParams& p, const float* logits, int64_t n_tokens,
   }
 }
 
-void moe_experts_ref(const MoeExpertsParams& p, std::span<const ExpertWeights> experts, const float* x, int64_t n_tokens,
-                     const int32_t* ids, const float* weights, double* y) {
-  std::vector<double> g(static_cast<size_t>(p.inter)), u(static_cast<size_t>(p.inter)), o(static_cast<size_t>(p.hidden));
+void moe_experts_ref(const MoeExpertsParams& p, std::span<const ExpertWeights> experts, const float* x,
+                     int64_t n_tokens, const int32_t* ids, const float* weights, double* y) {
+  std::vector<double> g(static_cast<size_t>(p.inter)), u(static_cast<size_t>(p.inter)),
+      o(static_cast<size_t>(p.hidden));
   std::vector<float> h(static_cast<size_t>(p.inter));
   for (int64_t t = 0; t < n_tokens; ++t) {
     double* yt = y + t * p.hidden;
@@ -70,7 +78,8 @@ void moe_experts_ref(const MoeExpertsParams& p, std::span<const ExpertWeights> e
     std::vector<int> order(static_cast<size_t>(p.top_k));
     for (int j = 0; j < p.top_k; ++j) order[static_cast<size_t>(j)] = j;
     const int32_t* it = ids + t * p.top_k;
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return it[a] < it[b] || (it[a] == it[b] && a < b); });
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return it[a] < it[b] || (it[a] == it[b] && a < b); });
     for (int j : order) {
       const int32_t e = it[j];
       if (e < 0) continue;
@@ -79,10 +88,12 @@ void moe_experts_ref(const MoeExpertsParams& p, std::span<const ExpertWeights> e
       matmul_ref(ew.up, x + t * p.hidden, 1, u.data());
       for (int64_t i = 0; i < p.inter; ++i) {
         const double gi = g[static_cast<size_t>(i)];
-        h[static_cast<size_t>(i)] = static_cast<float>(gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)]);
+        h[static_cast<size_t>(i)] =
+            static_cast<float>(gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)]);
       }
       matmul_ref(ew.down, h.data(), 1, o.data());
-      for (int64_t r = 0; r < p.hidden; ++r) yt[r] += static_cast<double>(weights[t * p.top_k + j]) * o[static_cast<size_t>(r)];
+      for (int64_t r = 0; r < p.hidden; ++r)
+        yt[r] += static_cast<double>(weights[t * p.top_k + j]) * o[static_cast<size_t>(r)];
     }
   }
 }

@@ -57,7 +57,9 @@ void exp_scalar(const float* x, float* out, int64_t n) {
 namespace {
 
 // Rows per task so each task has at least ~16K elements of work.
-int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+int64_t row_grain(int64_t n) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
+}
 
 const float* norm_weight_f32(DType dtype, const void* weight, int64_t dim) {
   if (weight == nullptr) return nullptr;
@@ -67,7 +69,8 @@ const float* norm_weight_f32(DType dtype, const void* weight, int64_t dim) {
   const auto* h = static_cast<const uint16_t*>(weight);
   CHECK_MSG(dtype == DType::kBF16 || dtype == DType::kF16, "rms_norm: weight dtype {} (f32, bf16 or f16)",
             dtype_name(dtype));
-  for (int64_t i = 0; i < dim; ++i) w[static_cast<size_t>(i)] = dtype == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  for (int64_t i = 0; i < dim; ++i)
+    w[static_cast<size_t>(i)] = dtype == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
   return w.data();
 }
 

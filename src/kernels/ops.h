@@ -17,10 +17,10 @@ namespace fathom {
 
 struct RmsNormParams {
   int64_t n_rows = 1;
-  int64_t dim = 0;            // elements normalised per row
-  float eps = 1e-6f;          // rms_norm_eps from the config
-  int64_t x_stride = 0;       // elements between rows of x; 0 means dim
-  int64_t y_stride = 0;       // elements between rows of y; 0 means dim
+  int64_t dim = 0;                   // elements normalised per row
+  float eps = 1e-6f;                 // rms_norm_eps from the config
+  int64_t x_stride = 0;              // elements between rows of x; 0 means dim
+  int64_t y_stride = 0;              // elements between rows of y; 0 means dim
   DType weight_dtype = DType::kF32;  // f32, bf16 or f16
 };
 

@@ -19,7 +19,7 @@ void rms_norm_ref(const RmsNormParams& p, const float* x, const void* weight, do
       double w = 1.0;
       if (weight != nullptr) {
         const auto* h = static_cast<const uint16_t*>(weight);
-        w = p.weight_dtype == DType::kF32   ? static_cast<const float*>(weight)[i]
+        w = p.weight_dtype == DType::kF32    ? static_cast<const float*>(weight)[i]
             : p.weight_dtype == DType::kBF16 ? bf16_to_f32(h[i])
                                              : f16_to_f32(h[i]);
       }

@@ -23,20 +23,25 @@ double correction_dim(double rotations, double dim, double base, double max_pos)
 }
 
 Status validate(const RopeParams& p) {
-  if (p.dim <= 0 || p.dim % 2 != 0) return invalid_argument("rope: dim (qk_rope_head_dim) {} must be positive and even", p.dim);
-  if (!(p.theta > 1.0) || !std::isfinite(p.theta)) return invalid_argument("rope: rope_theta {} must be > 1", p.theta);
-  if (!std::isfinite(p.factor)) return invalid_argument("rope: rope_scaling.factor {} is not finite", p.factor);
+  if (p.dim <= 0 || p.dim % 2 != 0)
+    return invalid_argument("rope: dim (qk_rope_head_dim) {} must be positive and even", p.dim);
+  if (!(p.theta > 1.0) || !std::isfinite(p.theta))
+    return invalid_argument("rope: rope_theta {} must be > 1", p.theta);
+  if (!std::isfinite(p.factor))
+    return invalid_argument("rope: rope_scaling.factor {} is not finite", p.factor);
   if (p.factor > 1.0) {
     if (p.original_max_positions <= 0) {
       return invalid_argument("rope: rope_scaling.original_max_position_embeddings {} must be positive",
                               p.original_max_positions);
     }
     if (!(p.beta_fast > p.beta_slow) || !(p.beta_slow > 0.0)) {
-      return invalid_argument("rope: rope_scaling needs beta_fast > beta_slow > 0 (got beta_fast {}, beta_slow {})",
-                              p.beta_fast, p.beta_slow);
+      return invalid_argument(
+          "rope: rope_scaling needs beta_fast > beta_slow > 0 (got beta_fast {}, beta_slow {})", p.beta_fast,
+          p.beta_slow);
     }
     if (!std::isfinite(p.mscale) || !std::isfinite(p.mscale_all_dim)) {
-      return invalid_argument("rope: rope_scaling mscale {} / mscale_all_dim {} must be finite", p.mscale, p.mscale_all_dim);
+      return invalid_argument("rope: rope_scaling mscale {} / mscale_all_dim {} must be finite", p.mscale,
+                              p.mscale_all_dim);
     }
   }
   return {};
@@ -53,7 +58,8 @@ std::vector<double> rope_inv_freq(const RopeParams& p) {
   const int64_t half = p.dim / 2;
   const double dim = static_cast<double>(p.dim);
   std::vector<double> f(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) f[static_cast<size_t>(i)] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / dim);
+  for (int64_t i = 0; i < half; ++i)
+    f[static_cast<size_t>(i)] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / dim);
   if (p.factor <= 1.0) return f;
   const double orig = static_cast<double>(p.original_max_positions);
   double low = std::max(std::floor(correction_dim(p.beta_fast, dim, p.theta, orig)), 0.0);
@@ -115,7 +121,8 @@ void rope_apply(const RopeTable& table, const RopeApplyParams& p, const int64_t*
               table.max_positions());
     const float* c = table.cos_at(pos);
     const float* s = table.sin_at(pos);
-    for (int64_t h = 0; h < p.n_heads; ++h) rotate_pairs(x + t * p.token_stride + h * p.head_stride, c, s, half, sign);
+    for (int64_t h = 0; h < p.n_heads; ++h)
+      rotate_pairs(x + t * p.token_stride + h * p.head_stride, c, s, half, sign);
   }
 }
 

@@ -27,8 +27,8 @@
 namespace fathom {
 
 struct RopeParams {
-  int64_t dim = 64;          // rotary dims per head (qk_rope_head_dim), even
-  double theta = 10000.0;    // rope_theta
+  int64_t dim = 64;        // rotary dims per head (qk_rope_head_dim), even
+  double theta = 10000.0;  // rope_theta
   // YaRN (rope_scaling {"type": "yarn"}); factor <= 1 means plain RoPE.
   double factor = 1.0;
   int64_t original_max_positions = 4096;  // original_max_position_embeddings
@@ -81,7 +81,7 @@ struct RopeApplyParams {
 void rope_apply(const RopeTable& table, const RopeApplyParams& p, const int64_t* positions, float* x);
 
 // Float64 reference computed directly from the formula (no table). out: [n_tokens, n_heads, dim].
-void rope_apply_ref(const RopeParams& rp, const RopeApplyParams& p, const int64_t* positions,
-                    const float* x, double* out);
+void rope_apply_ref(const RopeParams& rp, const RopeApplyParams& p, const int64_t* positions, const float* x,
+                    double* out);
 
 }  // namespace fathom

@@ -16,7 +16,8 @@ void rope_apply_ref(const RopeParams& rp, const RopeApplyParams& p, const int64_
       const float* xi = x + t * p.token_stride + h * p.head_stride;
       double* oi = out + (t * p.n_heads + h) * rp.dim;
       for (int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(positions[t]) * f[static_cast<size_t>(i)] * (p.inverse ? -1.0 : 1.0);
+        const double a =
+            static_cast<double>(positions[t]) * f[static_cast<size_t>(i)] * (p.inverse ? -1.0 : 1.0);
         const double c = std::cos(a) * scale, s = std::sin(a) * scale;
         oi[2 * i] = xi[2 * i] * c - xi[2 * i + 1] * s;
         oi[2 * i + 1] = xi[2 * i] * s + xi[2 * i + 1] * c;

@@ -16,8 +16,14 @@ using testing::random_floats;
 using testing::test_seed;
 
 RopeParams v3_rope() {
-  return RopeParams{.dim = 64, .theta = 10000.0, .factor = 40.0, .original_max_positions = 4096, .beta_fast = 32.0,
-                    .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0};
+  return RopeParams{.dim = 64,
+                    .theta = 10000.0,
+                    .factor = 40.0,
+                    .original_max_positions = 4096,
+                    .beta_fast = 32.0,
+                    .beta_slow = 1.0,
+                    .mscale = 1.0,
+                    .mscale_all_dim = 1.0};
 }
 
 TEST(Rope, YarnFrequenciesFollowPrecomputeFreqsCis) {
@@ -37,7 +43,8 @@ TEST(Rope, YarnFrequenciesFollowPrecomputeFreqsCis) {
   RopeParams plain = p;
   plain.factor = 1.0;
   const std::vector<double> g = rope_inv_freq(plain);
-  for (int i = 0; i < 32; ++i) EXPECT_DOUBLE_EQ(g[static_cast<size_t>(i)], 1.0 / std::pow(10000.0, 2.0 * i / 64.0));
+  for (int i = 0; i < 32; ++i)
+    EXPECT_DOUBLE_EQ(g[static_cast<size_t>(i)], 1.0 / std::pow(10000.0, 2.0 * i / 64.0));
 }
 
 TEST(Rope, MscaleGivesDeepSeekV3SoftmaxScale) {
@@ -50,7 +57,15 @@ TEST(Rope, MscaleGivesDeepSeekV3SoftmaxScale) {
 
 TEST(Rope, TableRotationMatchesReferenceAtLatePositions) {
   Rng rng(test_seed());
-  for (RopeParams p : {v3_rope(), RopeParams{.dim = 32, .theta = 50000.0}, RopeParams{.dim = 64, .theta = 10000.0, .factor = 4.0, .original_max_positions = 512, .beta_fast = 32.0, .beta_slow = 1.0, .mscale = 0.9, .mscale_all_dim = 0.7}}) {
+  for (RopeParams p : {v3_rope(), RopeParams{.dim = 32, .theta = 50000.0},
+                       RopeParams{.dim = 64,
+                       .theta = 10000.0,
+                       .factor = 4.0,
+                       .original_max_positions = 512,
+                       .beta_fast = 32.0,
+                       .beta_slow = 1.0,
+                       .mscale = 0.9,
+                       .mscale_all_dim = 0.7}}) {
     const int64_t max_pos = 70000;
     auto table = RopeTable::create(p, max_pos);
     ASSERT_TRUE(table.ok()) << table.status().to_string();
@@ -70,7 +85,8 @@ TEST(Rope, TableRotationMatchesReferenceAtLatePositions) {
           if (i < nope) {
             ASSERT_EQ(got, q0[static_cast<size_t>((t * H + h) * head + i)]) << "nope dims must be untouched";
           } else {
-            ASSERT_NEAR(got, ref[static_cast<size_t>((t * H + h) * p.dim + i - nope)], 2e-6) << "t " << t << " pos " << pos[static_cast<size_t>(t)];
+            ASSERT_NEAR(got, ref[static_cast<size_t>((t * H + h) * p.dim + i - nope)], 2e-6)
+                << "t " << t << " pos " << pos[static_cast<size_t>(t)];
           }
         }
       }
@@ -97,10 +113,11 @@ TEST(Rope, SharedKeyLayoutRotatesOnlyTheRopeTail) {
   std::vector<float> kv = random_floats(rng, T * width);
   const std::vector<float> kv0 = kv;
   std::vector<int64_t> pos = {7, 99, 50};
-  rope_apply(*table, RopeApplyParams{.n_tokens = T, .n_heads = 1, .token_stride = width, .head_stride = 0}, pos.data(),
-             kv.data() + 512);
+  rope_apply(*table, RopeApplyParams{.n_tokens = T, .n_heads = 1, .token_stride = width, .head_stride = 0},
+             pos.data(), kv.data() + 512);
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < 512; ++i) ASSERT_EQ(kv[static_cast<size_t>(t * width + i)], kv0[static_cast<size_t>(t * width + i)]);
+    for (int64_t i = 0; i < 512; ++i)
+      ASSERT_EQ(kv[static_cast<size_t>(t * width + i)], kv0[static_cast<size_t>(t * width + i)]);
     // a rotation keeps each pair's norm
     for (int64_t i = 0; i < 32; ++i) {
       const float* a = kv.data() + t * width + 512 + 2 * i;

@@ -75,7 +75,8 @@ struct E4m3ToBf16 {
     const __mmask32 upper = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
     const __m512i mag = _mm512_mask_mov_epi16(lo, upper, hi);
     const __m512i sign = _mm512_slli_epi16(idx, 8);  // bit 7 -> bit 15
-    return _mm512_ternarylogic_epi32(mag, sign, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);  // a | (b & c)
+    return _mm512_ternarylogic_epi32(mag, sign, _mm512_set1_epi16(static_cast<short>(0x8000)),
+                                     0xf8);  // a | (b & c)
   }
 };
 
@@ -97,10 +98,14 @@ inline __m512 bf16_to_f32x16(__m256i h) {
 // Sums of 4 vectors each reduced horizontally: returns {sum(a), sum(b), sum(c), sum(d)}.
 inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   // fold 512 -> 256 for each, then interleave-add
-  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(b), 1)));
-  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(c), 1)));
-  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)));
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(b), 1)));
+  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(c), 1)));
+  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)));
   const __m256 ab = _mm256_hadd_ps(a8, b8);  // a01 a23 b01 b23 | a45 a67 b45 b67
   const __m256 cd = _mm256_hadd_ps(c8, d8);
   const __m256 abcd = _mm256_hadd_ps(ab, cd);  // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7
