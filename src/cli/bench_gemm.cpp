@@ -3,10 +3,15 @@
 // bandwidth, with the weights cycled through copies larger than the caches (as a model's layers
 // are). Prefill shapes (m = 512) are compute-bound: GFLOP/s over the measured peak of the
 // arithmetic the path uses (vdpbf16ps for bf16/fp8, VNNI int8 for q8_0/q4_0, fp32 FMA otherwise).
+//
+// --ceiling adds, per shape, a single-thread run on a cache-resident slice of the weight timed in
+// thread CPU time, next to the peak loop timed the same way: what the kernel sustains when memory
+// is not the limit, robust to other load on the machine (wall-clock figures are not).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +35,7 @@ struct GemmOptions {
   std::optional<int64_t> m, n, k;
   double seconds = 0.5;
   std::string rotate = "512M";
+  bool ceiling = false;
   bool json = false;
 };
 
@@ -59,32 +65,31 @@ struct BenchWeight {
   std::vector<Buffer> data;
   std::vector<std::vector<float>> scale;
   std::vector<WeightView> views;
-  uint64_t bytes_each = 0;
 };
 
 BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t seed) {
   BenchWeight w;
-  w.bytes_each = dtype_bytes(dtype, static_cast<uint64_t>(n * k));
+  const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(n * k));
+  const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
   std::vector<float> f(static_cast<size_t>(k));
   for (int c = 0; c < copies; ++c) {
-    w.data.push_back(Buffer::allocate(w.bytes_each));
+    w.data.push_back(Buffer::allocate(bytes));
     w.scale.emplace_back();
     uint8_t* base = w.data.back().data();
-    if (dtype == DType::kF8E4M3) {
-      // random e4m3 codes (no NaN) and scales: the bytes are what matters for speed
+    if (dtype == DType::kF8E4M3) {  // random codes (no NaN); the bytes are what matters for speed
       Rng rng(seed + static_cast<uint64_t>(c));
-      for (uint64_t i = 0; i < w.bytes_each; ++i) {
-        uint8_t b = static_cast<uint8_t>(rng.next_u64());
+      for (uint64_t i = 0; i < bytes; ++i) {
+        const auto b = static_cast<uint8_t>(rng.next_u64());
         base[i] = (b & 0x7f) == 0x7f ? 0x3f : b;
       }
       w.scale.back().assign(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)), 0.01f);
     } else {
-      const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
       for (int64_t r = 0; r < n; ++r) {
-        for (int64_t j = 0; j < k; ++j)
+        for (int64_t j = 0; j < k; ++j) {
           f[static_cast<size_t>(j)] = counter_uniform(seed + static_cast<uint64_t>(c),
                                                       static_cast<uint64_t>(r), static_cast<uint64_t>(j)) *
                                       0.05f;
+        }
         CHECK_OK(from_f32(dtype, f.data(), base + static_cast<uint64_t>(r) * row_bytes, k));
       }
     }
@@ -94,31 +99,52 @@ BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t 
   return w;
 }
 
-struct Measured {
-  double seconds_per_call = 0;
-  int64_t calls = 0;
-};
+double thread_cpu_s() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
 
-// Best batch of calls (each batch ~1/5 of the budget), cycling through the weight copies.
-Measured time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, double budget_s) {
-  ThreadPool& pool = default_pool();
+// Best batch (each ~1/20 of the budget) of seconds per call, cycling through the weight copies.
+// `cpu` times the calling thread's CPU time instead of the wall clock (single-thread pools only).
+double time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, double budget_s,
+                  ThreadPool& pool, bool cpu) {
   const size_t copies = w.views.size();
   matmul(w.views[0], x, m, y, pool);  // warm-up: scratch, page faults
-  Measured best{1e30, 0};
-  Timer total;
-  int64_t batch = 1;
-  while (total.elapsed_s() < budget_s || best.calls == 0) {
-    Timer t;
+  auto now = [cpu] { return cpu ? thread_cpu_s() : static_cast<double>(now_ns()) * 1e-9; };
+  double best = 1e30;
+  int64_t batch = 1, done = 0;
+  const double start = now();
+  while (now() - start < budget_s || done == 0) {
+    const double t0 = now();
     for (int64_t i = 0; i < batch; ++i) matmul(w.views[static_cast<size_t>(i) % copies], x, m, y, pool);
-    const double s = t.elapsed_s();
+    const double s = now() - t0;
     if (s < budget_s / 20 && batch < (int64_t{1} << 20)) {
       batch *= 2;
       continue;
     }
-    best.seconds_per_call = std::min(best.seconds_per_call, s / static_cast<double>(batch));
-    best.calls += batch;
+    best = std::min(best, s / static_cast<double>(batch));
+    done += batch;
   }
   return best;
+}
+
+// The per-thread peak of an arithmetic in GOP per CPU-second (median of 5 short runs).
+double cpu_peak(const std::string& arith) {
+  double (*loop)(uint64_t) = nullptr;
+  const SimdLevel l = simd_level();
+  if (arith == "bf16") loop = internal::peak_bf16_avx512bf16;
+  if (arith == "int8") loop = l >= SimdLevel::kAvx512 ? internal::peak_int8_avx512 : internal::peak_int8_avx2;
+  if (arith == "f32") loop = l >= SimdLevel::kAvx512 ? internal::peak_f32_avx512 : internal::peak_f32_avx2;
+  if (loop == nullptr || l < SimdLevel::kAvx2) return 0;
+  std::vector<double> r;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = thread_cpu_s();
+    const double ops = loop(1 << 20);
+    r.push_back(ops / (thread_cpu_s() - t0) * 1e-9);
+  }
+  std::sort(r.begin(), r.end());
+  return r[2];
 }
 
 double peak_for(DType dtype, const PeakCompute& peak, std::string* arith) {
@@ -134,6 +160,86 @@ double peak_for(DType dtype, const PeakCompute& peak, std::string* arith) {
   return peak.f32_gflops;
 }
 
+struct Limits {
+  MemoryBandwidth bw;
+  PeakCompute peak;
+  std::string arith;
+  double peak_ops = 0, cpu_peak_ops = 0;
+};
+
+// Runs one shape; returns its JSON record and prints a table row unless `json`.
+nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint64_t rotate,
+                         const Limits& lim, uint64_t seed) {
+  ThreadPool& pool = default_pool();
+  const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(s.n * s.k));
+  const int copies =
+      s.m <= 16 ? static_cast<int>(std::clamp<uint64_t>(rotate / std::max<uint64_t>(bytes, 1), 1, 64)) : 1;
+  std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
+  double sec = 0;
+  {
+    const BenchWeight w = make_weight(dtype, s.n, s.k, copies, seed);
+    sec = time_calls(w, x.data(), s.m, y.data(), o.seconds, pool, false);
+  }
+  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+  const double gbs = static_cast<double>(bytes) / sec * 1e-9, gflops = flops / sec * 1e-9;
+  nlohmann::json r = {{"shape", s.name},
+                      {"dtype", dtype_name(dtype)},
+                      {"m", s.m},
+                      {"n", s.n},
+                      {"k", s.k},
+                      {"seconds_per_call", sec},
+                      {"weight_bytes", bytes},
+                      {"weight_copies", copies},
+                      {"flops", flops},
+                      {"gbs", gbs},
+                      {"gflops", gflops},
+                      {"bandwidth_fraction", gbs / lim.bw.read_gbs},
+                      {"peak_fraction", lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0}};
+  double c_gbs = 0, c_frac = 0;
+  if (o.ceiling) {
+    // small m: a ~256 KiB slice (at least one 64-row panel) so only the kernel's own speed counts;
+    // large m: the whole weight (compute-bound anyway, and the activation preparation amortised)
+    auto one = ThreadPool::create(1);
+    const uint64_t row_bytes = bytes / static_cast<uint64_t>(s.n);
+    const int64_t slice = static_cast<int64_t>((uint64_t{256} << 10) / std::max<uint64_t>(row_bytes, 1));
+    const int64_t n = s.m <= 16 ? std::clamp<int64_t>(slice, 64, s.n) : s.n;
+    const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000);
+    const double cs = time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true);
+    c_gbs = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) / cs * 1e-9;
+    const double c_gflops = 2.0 * static_cast<double>(s.m * n * s.k) / cs * 1e-9;
+    c_frac = lim.cpu_peak_ops > 0 ? c_gflops / lim.cpu_peak_ops : 0;
+    r["ceiling_gbs_per_thread"] = c_gbs;
+    r["ceiling_gflops_per_thread"] = c_gflops;
+    r["ceiling_peak_fraction"] = c_frac;
+  }
+  if (!o.json) {
+    std::printf("%-22s %-7s %4lld %6lld %6lld %10.1f %7.1f %8.1f %7.3f %7.3f", s.name.c_str(),
+                std::string(dtype_name(dtype)).c_str(), static_cast<long long>(s.m),
+                static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, gbs, gflops,
+                gbs / lim.bw.read_gbs, lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0);
+    if (o.ceiling) std::printf(" %8.1f %7.3f", c_gbs, c_frac);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+Result<std::vector<Shape>> shapes_from(const GemmOptions& o, DType dtype) {
+  std::vector<Shape> shapes;
+  if (o.m || o.n || o.k) {
+    if (!o.n || !o.k) return invalid_argument("--n and --k are both needed for a single shape");
+    shapes.push_back({"custom", o.m.value_or(1), *o.n, *o.k});
+  } else {
+    shapes = default_shapes();
+  }
+  for (const auto& s : shapes) {
+    if (s.m < 1 || s.n < 1 || s.k < 1) return invalid_argument("--m, --n and --k must be positive");
+    TRY(check_block_multiple(dtype, static_cast<uint64_t>(s.k), "--k"));
+  }
+  return shapes;
+}
+
 int run_gemm(int argc, char** argv) {
   GemmOptions o;
   Args args(argv[0], "Measure matmul (fused dequantisation) against the measured bandwidth and peak.");
@@ -144,6 +250,7 @@ int run_gemm(int argc, char** argv) {
   args.option("--seconds", &o.seconds, "time budget per shape");
   args.option("--rotate", &o.rotate, "total bytes of weight copies cycled for small m (defeats the caches)",
               "SIZE");
+  args.flag("--ceiling", &o.ceiling, "also measure one thread on a cache-resident slice in CPU time");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
@@ -156,77 +263,39 @@ int run_gemm(int argc, char** argv) {
   }
   auto rotate = parse_size(o.rotate, "--rotate");
   if (!rotate.ok()) return fail(args.command(), rotate.status());
-  std::vector<Shape> shapes;
-  if (o.m || o.n || o.k) {
-    if (!o.n || !o.k)
-      return fail(args.command(), invalid_argument("--n and --k are both needed for a single shape"));
-    shapes.push_back({"custom", o.m.value_or(1), *o.n, *o.k});
-  } else {
-    shapes = default_shapes();
-  }
-  for (const auto& s : shapes) {
-    if (s.m < 1 || s.n < 1 || s.k < 1)
-      return fail(args.command(), invalid_argument("shape must be positive"));
-    if (auto st = check_block_multiple(*dtype, static_cast<uint64_t>(s.k), "--k"); !st.ok())
-      return fail(args.command(), st);
-  }
+  auto shapes = shapes_from(o, *dtype);
+  if (!shapes.ok()) return fail(args.command(), shapes.status());
 
   ThreadPool& pool = default_pool();
   std::fprintf(stderr, "measuring memory bandwidth and peak compute (%d threads)...\n", pool.size());
-  const MemoryBandwidth bw = measure_memory_bandwidth(pool);
-  const PeakCompute peak = measure_peak_compute(pool);
-  std::string arith;
-  const double peak_ops = peak_for(*dtype, peak, &arith);
-
-  nlohmann::json results = nlohmann::json::array();
+  Limits lim;
+  lim.bw = measure_memory_bandwidth(pool);
+  lim.peak = measure_peak_compute(pool);
+  lim.peak_ops = peak_for(*dtype, lim.peak, &lim.arith);
+  if (o.ceiling) lim.cpu_peak_ops = cpu_peak(lim.arith);
   if (!o.json) {
-    std::printf("threads %d, simd %s, read %.1f GB/s, peak %s %.1f GOP/s\n", pool.size(),
-                std::string(simd_level_name(simd_level())).c_str(), bw.read_gbs, arith.c_str(), peak_ops);
-    std::printf("%-24s %-6s %5s %6s %6s %10s %9s %9s %8s %8s\n", "shape", "dtype", "m", "n", "k", "us/call",
-                "GB/s", "GFLOP/s", "bw_frac", "peak_frac");
+    std::printf("threads %d, simd %s, read %.1f GB/s, peak %s %.1f GOP/s", pool.size(),
+                std::string(simd_level_name(simd_level())).c_str(), lim.bw.read_gbs, lim.arith.c_str(),
+                lim.peak_ops);
+    if (o.ceiling) std::printf(", per-thread CPU-time peak %.1f GOP/s", lim.cpu_peak_ops);
+    std::printf("\n%-22s %-7s %4s %6s %6s %10s %7s %8s %7s %7s%s\n", "shape", "dtype", "m", "n", "k",
+                "us/call", "GB/s", "GFLOP/s", "bw_frac", "pk_frac", o.ceiling ? " ceil_GB/s ceil_pk" : "");
   }
+  nlohmann::json results = nlohmann::json::array();
   uint64_t seed = 1;
-  for (const auto& s : shapes) {
-    const uint64_t bytes = dtype_bytes(*dtype, static_cast<uint64_t>(s.n * s.k));
-    const bool small_m = s.m <= 16;
-    const int copies =
-        small_m ? static_cast<int>(std::clamp<uint64_t>(*rotate / std::max<uint64_t>(bytes, 1), 1, 64)) : 1;
-    BenchWeight w = make_weight(*dtype, s.n, s.k, copies, seed++);
-    std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
-    const Measured t = time_calls(w, x.data(), s.m, y.data(), o.seconds);
-    const double gbs = static_cast<double>(bytes) / t.seconds_per_call * 1e-9;
-    const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-    const double gflops = flops / t.seconds_per_call * 1e-9;
-    const double bw_frac = gbs / bw.read_gbs, peak_frac = peak_ops > 0 ? gflops / peak_ops : 0;
-    results.push_back({{"shape", s.name},
-                       {"dtype", dtype_name(*dtype)},
-                       {"m", s.m},
-                       {"n", s.n},
-                       {"k", s.k},
-                       {"seconds_per_call", t.seconds_per_call},
-                       {"calls", t.calls},
-                       {"weight_bytes", bytes},
-                       {"weight_copies", copies},
-                       {"flops", flops},
-                       {"gbs", gbs},
-                       {"gflops", gflops},
-                       {"bandwidth_fraction", bw_frac},
-                       {"peak_fraction", peak_frac}});
-    if (!o.json) {
-      std::printf("%-24s %-6s %5lld %6lld %6lld %10.1f %9.1f %9.1f %8.3f %8.3f\n", s.name.c_str(),
-                  std::string(dtype_name(*dtype)).c_str(), static_cast<long long>(s.m),
-                  static_cast<long long>(s.n), static_cast<long long>(s.k), t.seconds_per_call * 1e6, gbs,
-                  gflops, bw_frac, peak_frac);
-      std::fflush(stdout);
-    }
-  }
+  for (const auto& s : *shapes) results.push_back(run_shape(s, *dtype, o, *rotate, lim, seed++));
   if (o.json) {
-    nlohmann::json j = {{"threads", pool.size()},      {"simd_level", simd_level_name(simd_level())},
-                        {"dtype", dtype_name(*dtype)}, {"arithmetic", arith},
-                        {"read_gbs", bw.read_gbs},     {"bf16_gflops", peak.bf16_gflops},
-                        {"int8_gops", peak.int8_gops}, {"f32_gflops", peak.f32_gflops},
-                        {"peak_gops_used", peak_ops},  {"results", results}};
+    nlohmann::json j = {{"threads", pool.size()},
+                        {"simd_level", simd_level_name(simd_level())},
+                        {"dtype", dtype_name(*dtype)},
+                        {"arithmetic", lim.arith},
+                        {"read_gbs", lim.bw.read_gbs},
+                        {"bf16_gflops", lim.peak.bf16_gflops},
+                        {"int8_gops", lim.peak.int8_gops},
+                        {"f32_gflops", lim.peak.f32_gflops},
+                        {"peak_gops_used", lim.peak_ops},
+                        {"cpu_peak_gops_per_thread", lim.cpu_peak_ops},
+                        {"results", results}};
     print_json_line(j.dump());
   }
   return 0;

@@ -74,8 +74,8 @@ Result<WeightView> slice_rows(const WeightView& w, int64_t begin, int64_t end) {
   return s;
 }
 
-int64_t matmul_matvec_max_m(DType) {
-  return kMatvecMaxM;
+int64_t matmul_matvec_max_m(DType dtype) {
+  return matvec_max_m(dtype, simd_level());
 }
 
 void dequantize_weight_row(const WeightView& w, int64_t r, float* dst) {
@@ -324,6 +324,21 @@ void act_to_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_
   }
 }
 
+int64_t matvec_max_m(DType dtype, SimdLevel level) {
+  if (level < SimdLevel::kAvx512) return 4;  // AVX2 and scalar have no separate GEMM form
+  switch (dtype) {
+    case DType::kBF16:
+      return level >= SimdLevel::kAvx512Bf16 ? 16 : 8;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      return 12;
+    case DType::kF8E4M3:
+      return level >= SimdLevel::kAvx512Bf16 ? 4 : 8;
+    default:
+      return 8;
+  }
+}
+
 RowsKernel rows_kernel_for(DType dtype, SimdLevel level) {
   const bool quant = dtype == DType::kQ8_0 || dtype == DType::kQ4_0;
   const bool bf16ish = dtype == DType::kBF16 || dtype == DType::kF8E4M3;
@@ -334,7 +349,7 @@ RowsKernel rows_kernel_for(DType dtype, SimdLevel level) {
 }
 
 int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m) {
-  if (m <= kMatvecMaxM || level < SimdLevel::kAvx512) return 8;
+  if (m <= matvec_max_m(dtype, level) || level < SimdLevel::kAvx512) return 8;
   const bool quant = dtype == DType::kQ8_0 || dtype == DType::kQ4_0;
   const bool bf16ish = dtype == DType::kBF16 || dtype == DType::kF8E4M3;
   if (quant) return 32;

@@ -92,32 +92,35 @@ void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, 
   }
 }
 
-template <DType D, int M>
+// R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+template <DType D, int R>
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                const E4m3ToBf16* conv) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4)
+    matvec_group<D, R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r, conv);
+  switch (x.m - i) {
+    case 1:
+      matvec_group<D, R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r, conv);
+      break;
+    case 2:
+      matvec_group<D, R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r, conv);
+      break;
+    case 3:
+      matvec_group<D, R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r, conv);
+      break;
+    default:
+      break;
+  }
+}
+
+template <DType D>
 void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   const E4m3ToBf16 conv;
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) matvec_group<D, 4, M>(w, x, y, ldy, accumulate, r, &conv);
-  for (; r < r1; ++r) matvec_group<D, 1, M>(w, x, y, ldy, accumulate, r, &conv);
-}
-
-template <DType D>
-void matvec_dispatch(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
-                     int64_t r0, int64_t r1) {
-  switch (x.m) {
-    case 1:
-      matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 2:
-      matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 3:
-      matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    default:
-      matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-  }
+  for (; r + 4 <= r1; r += 4) matvec_all<D, 4>(w, x, y, ldy, accumulate, r, &conv);
+  for (; r < r1; ++r) matvec_all<D, 1>(w, x, y, ldy, accumulate, r, &conv);
 }
 
 template <DType D>
@@ -136,15 +139,18 @@ struct F32Gemm {
     const E4m3ToBf16 conv;
     for (int v = 0; v < kNR / 16; ++v) {
       const uint8_t* rows[16];
+      FATHOM_UNROLL
       for (int i = 0; i < 16; ++i) rows[i] = 16 * v + i < nr ? row_ptr(w, n0 + 16 * v + i) : nullptr;
       for (int64_t kk = 0; kk < kc; kk += 16) {
         __m512i t[16];
+        FATHOM_UNROLL
         for (int i = 0; i < 16; ++i) {
           t[i] = rows[i] != nullptr ? _mm512_castps_si512(load_w16<D>(rows[i], k0 + kk, kc - kk, &conv))
                                     : _mm512_setzero_si512();
         }
         transpose16x16_epi32(t);
         float* dst = p.b + kk * kNR + 16 * v;
+        FATHOM_UNROLL
         for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
       }
     }
@@ -186,8 +192,8 @@ struct F32Gemm {
 template <DType D>
 void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                 int64_t r1) {
-  if (x.m <= kMatvecMaxM) {
-    matvec_dispatch<D>(w, x, y, ldy, accumulate, r0, r1);
+  if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
+    matvec_rows<D>(w, x, y, ldy, accumulate, r0, r1);
   } else {
     gemm_rows<F32Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);
   }

@@ -87,12 +87,31 @@ void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   reduce_store<R, M>(acc, y, ldy, accumulate, r);
 }
 
-template <int M>
+// R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+template <int R>
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4) matvec_bf16<R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  switch (x.m - i) {
+    case 1:
+      matvec_bf16<R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 2:
+      matvec_bf16<R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 3:
+      matvec_bf16<R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      break;
+    default:
+      break;
+  }
+}
+
 void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) matvec_bf16<4, M>(w, x, y, ldy, accumulate, r);
-  for (; r < r1; ++r) matvec_bf16<1, M>(w, x, y, ldy, accumulate, r);
+  for (; r + 4 <= r1; r += 4) matvec_all<4>(w, x, y, ldy, accumulate, r);
+  for (; r < r1; ++r) matvec_all<1>(w, x, y, ldy, accumulate, r);
 }
 
 // ---- GEMM: panel of [kc/2][64] bf16 pairs ----
@@ -111,6 +130,7 @@ struct Bf16Gemm {
     for (int v = 0; v < kNR / 16; ++v) {
       const uint16_t* rows[16];
       int live = 0;
+      FATHOM_UNROLL
       for (int i = 0; i < 16; ++i) {
         const int64_t j = 16 * v + i;
         rows[i] = j < nr ? row_ptr(w, n0 + j) : nullptr;
@@ -118,11 +138,13 @@ struct Bf16Gemm {
       }
       for (int64_t kk = 0; kk < kc; kk += 32) {
         __m512i t[16];
+        FATHOM_UNROLL
         for (int i = 0; i < 16; ++i) {
           t[i] = rows[i] != nullptr ? load_w32(rows[i], k0 + kk, kc - kk) : _mm512_setzero_si512();
         }
         if (live > 0) transpose16x16_epi32(t);
         uint32_t* dst = p.b + (kk / 2) * kNR + 16 * v;
+        FATHOM_UNROLL
         for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
       }
     }
@@ -174,21 +196,9 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
     return;
   }
   CHECK(w.dtype == DType::kBF16);
-  switch (x.m) {
-    case 1:
-      matvec_rows<1>(w, x, y, y_stride, accumulate, r0, r1);
-      return;
-    case 2:
-      matvec_rows<2>(w, x, y, y_stride, accumulate, r0, r1);
-      return;
-    case 3:
-      matvec_rows<3>(w, x, y, y_stride, accumulate, r0, r1);
-      return;
-    case 4:
-      matvec_rows<4>(w, x, y, y_stride, accumulate, r0, r1);
-      return;
-    default:
-      break;
+  if (x.m <= matvec_max_m(w.dtype, SimdLevel::kAvx512Bf16)) {
+    matvec_rows(w, x, y, y_stride, accumulate, r0, r1);
+    return;
   }
   gemm_rows<Bf16Gemm>(w, x, y, y_stride, accumulate, r0, r1);
 }

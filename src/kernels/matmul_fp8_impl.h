@@ -144,10 +144,12 @@ struct Fp8Gemm {
     const Conv conv;
     for (int v = 0; v < kNR / 16; ++v) {
       const uint8_t* rows[16];
+      FATHOM_UNROLL
       for (int i = 0; i < 16; ++i) rows[i] = 16 * v + i < nr ? fp8_row(w, n0 + 16 * v + i) : nullptr;
       for (int64_t kk = 0; kk < kc; kk += 64) {
         __m512i ta[16], tb[16];
         const __mmask64 mask = lanes64(kc - kk);
+        FATHOM_UNROLL
         for (int i = 0; i < 16; ++i) {
           if (rows[i] != nullptr) {
             conv.convert64(rows[i] + k0 + kk, mask, ta[i], tb[i]);
@@ -158,6 +160,7 @@ struct Fp8Gemm {
         transpose16x16_epi32(ta);
         transpose16x16_epi32(tb);
         uint32_t* dst = p.b + (kk / 2) * kNR + 16 * v;
+        FATHOM_UNROLL
         for (int j = 0; j < 16; ++j) {
           _mm512_store_si512(dst + j * kNR, ta[j]);
           _mm512_store_si512(dst + (16 + j) * kNR, tb[j]);

@@ -87,8 +87,10 @@ RowsKernel rows_kernel_for(DType dtype, SimdLevel level);
 // Granularity (in weight rows) a caller should split [0, rows) at for this kernel and m.
 int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m);
 
-// The largest m that takes the matrix-vector form.
-constexpr int64_t kMatvecMaxM = 4;
+// The largest m that takes the matrix-vector form at a level: weight rows are streamed once and
+// dotted with the activation rows in groups of up to 4 (up to 16 rows on AVX-512 for bf16/int8,
+// where that beats converting a GEMM panel; fp8 keeps 4).
+int64_t matvec_max_m(DType dtype, SimdLevel level);
 
 // Per-ISA entry points (nullptr-free: each exists for the dtypes its level handles).
 void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,

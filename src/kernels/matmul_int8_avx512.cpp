@@ -114,12 +114,32 @@ void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, 
   }
 }
 
-template <DType D, int M>
+// R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+template <DType D, int R>
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4) matvec_group<D, R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  switch (x.m - i) {
+    case 1:
+      matvec_group<D, R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 2:
+      matvec_group<D, R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 3:
+      matvec_group<D, R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      break;
+    default:
+      break;
+  }
+}
+
+template <DType D>
 void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) matvec_group<D, 4, M>(w, x, y, ldy, accumulate, r);
-  for (; r < r1; ++r) matvec_group<D, 1, M>(w, x, y, ldy, accumulate, r);
+  for (; r + 4 <= r1; r += 4) matvec_all<D, 4>(w, x, y, ldy, accumulate, r);
+  for (; r < r1; ++r) matvec_all<D, 1>(w, x, y, ldy, accumulate, r);
 }
 
 template <DType D>
@@ -140,6 +160,7 @@ struct Int8Gemm {
     const int64_t b0 = k0 / 32, nb = kc / 32;
     for (int v = 0; v < kNR / 16; ++v) {
       const uint8_t* rows[16];
+      FATHOM_UNROLL
       for (int i = 0; i < 16; ++i) {
         const int64_t j = 16 * v + i;
         rows[i] = j < nr ? static_cast<const uint8_t*>(w.data) + (n0 + j) * row_bytes : nullptr;
@@ -147,14 +168,17 @@ struct Int8Gemm {
       for (int64_t b = 0; b < nb; b += 2) {
         const bool two = b + 1 < nb;
         __m512i t[16];
+        FATHOM_UNROLL
         for (int i = 0; i < 16; ++i)
           t[i] = rows[i] != nullptr ? load_q64<D>(rows[i], b0 + b, two) : _mm512_setzero_si512();
         transpose16x16_epi32(t);
         uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
         const int groups = two ? 16 : 8;
+        FATHOM_UNROLL
         for (int j = 0; j < groups; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
       }
       for (int64_t b = 0; b < nb; ++b) {
+        FATHOM_UNROLL
         for (int i = 0; i < 16; ++i) {
           p.scale[b * kNR + 16 * v + i] =
               rows[i] != nullptr ? f16_to_f32(load_u16(rows[i] + (b0 + b) * bb)) : 0.0f;
@@ -220,22 +244,10 @@ struct Int8Gemm {
 template <DType D>
 void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                 int64_t r1) {
-  switch (x.m) {
-    case 1:
-      matvec_rows<D, 1>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 2:
-      matvec_rows<D, 2>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 3:
-      matvec_rows<D, 3>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 4:
-      matvec_rows<D, 4>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    default:
-      gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);
-      return;
+  if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
+    matvec_rows<D>(w, x, y, ldy, accumulate, r0, r1);
+  } else {
+    gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);
   }
 }
 

@@ -14,12 +14,14 @@ namespace {
 
 // In-register transpose of a 16x16 matrix of 32-bit elements: r[i] holds row i on entry and
 // column i on exit.
-inline void transpose16x16_epi32(__m512i r[16]) {
+__attribute__((always_inline)) inline void transpose16x16_epi32(__m512i r[16]) {
   __m512i t[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i += 4) {
     r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
     r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
@@ -27,12 +29,14 @@ inline void transpose16x16_epi32(__m512i r[16]) {
     r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
   // r[4g + j] now holds, in 128-bit lane L, column 4L + j of rows 4g..4g+3.
+#pragma GCC unroll 16
   for (int j = 0; j < 4; ++j) {
     t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88);
     t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);
     t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88);
     t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
   }
+#pragma GCC unroll 16
   for (int j = 0; j < 8; ++j) {
     r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
     r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
