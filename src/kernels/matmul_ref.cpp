@@ -1,6 +1,7 @@
 // Scalar float64 references for matmul: the definition of the numerics every fast path is tested
 // against (activation rounding per weight dtype, exact weight decoding, exact products and sums).
 // Also the scalar activation quantiser every SIMD quantiser must match bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,7 +19,17 @@ void quantize_act_row_ref(const float* x, int64_t k, int8_t* q, float* d, int32_
   for (int64_t b = 0; b < k / kQBlock; ++b) {
     const float* xb = x + b * kQBlock;
     float amax = 0.0f;
-    for (int j = 0; j < kQBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    bool finite = true;
+    for (int j = 0; j < kQBlock; ++j) {
+      finite &= std::fabs(xb[j]) < INFINITY;  // false for inf and NaN
+      amax = std::fmax(amax, std::fabs(xb[j]));
+    }
+    if (!finite) {  // the block's scale becomes NaN so every product it enters is NaN
+      d[b] = NAN;
+      std::fill(q + b * kQBlock, q + (b + 1) * kQBlock, int8_t{0});
+      if (corr_block != nullptr) corr_block[b] = 0;
+      continue;
+    }
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     d[b] = amax / 127.0f;
     int32_t sum = 0;

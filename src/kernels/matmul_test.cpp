@@ -380,3 +380,34 @@ TEST(Matmul, DequantizeWeightRowMatchesTheExactWeights) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+TEST(Matmul, NonFiniteActivationsGiveNaNNotGarbageForQuantisedWeights) {
+  Rng rng(testing::test_seed());
+  auto pool = ThreadPool::create(2);
+  for (SimdLevel level : testing::supported_levels()) {
+    testing::SimdCap cap(level);
+    for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+      auto w = testing::random_weight(rng, t, 20, 96);
+      for (int64_t m : {1, 7}) {
+        std::vector<float> x = testing::random_floats(rng, m * 96), y(static_cast<size_t>(m * 20));
+        x[40] = INFINITY;            // row 0, block 1
+        if (m > 1) x[96 + 5] = NAN;  // row 1, block 0
+        matmul(w.view, x.data(), m, y.data(), *pool);
+        for (int64_t r = 0; r < 20; ++r) {
+          EXPECT_TRUE(std::isnan(y[static_cast<size_t>(r)]))
+              << simd_level_name(level) << " " << dtype_name(t);
+          if (m > 1) {
+            EXPECT_TRUE(std::isnan(y[static_cast<size_t>(20 + r)]));
+            EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(40 + r)]));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom
