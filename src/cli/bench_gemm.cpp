@@ -1,0 +1,308 @@
+// `fathom bench gemm`: matmul speed against this machine's limits measured in the same run.
+// Decode shapes (small m) are memory-bound: reported as weight GB/s over the measured read
+// bandwidth, with the weights cycled through copies larger than the caches (as a model's layers
+// are). Prefill shapes (m = 512) are compute-bound: GFLOP/s over the measured peak of the
+// arithmetic the path uses (vdpbf16ps for bf16/fp8, VNNI int8 for q8_0/q4_0, fp32 FMA otherwise).
+//
+// --ceiling adds, per shape, a single-thread run on a cache-resident slice of the weight timed in
+// thread CPU time, next to the peak loop timed the same way: what the kernel sustains when memory
+// is not the limit, robust to other load on the machine (wall-clock figures are not).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "base/rng.h"
+#include "base/strings.h"
+#include "base/timer.h"
+#include "cli/args.h"
+#include "cli/bench.h"
+#include "kernels/matmul.h"
+#include "kernels/roofline.h"
+#include "tensor/convert.h"
+#include "tensor/tensor.h"
+
+namespace fathom::cli {
+namespace {
+
+struct GemmOptions {
+  std::string dtype = "bf16";
+  std::optional<int64_t> m, n, k;
+  double seconds = 0.5;
+  std::string rotate = "512M";
+  bool ceiling = false;
+  bool json = false;
+};
+
+struct Shape {
+  std::string name;
+  int64_t m, n, k;
+};
+
+// DeepSeek-V2-Lite (hidden 2048, 16 heads, expert FFN 1408) and V3 (hidden 7168, 128 heads,
+// q_lora 1536, expert FFN 2048) projections.
+std::vector<Shape> default_shapes() {
+  std::vector<Shape> s;
+  for (int64_t m : {int64_t{1}, int64_t{512}}) {
+    s.push_back({"v2lite.expert_gate_up", m, 1408, 2048});
+    s.push_back({"v2lite.expert_down", m, 2048, 1408});
+    s.push_back({"v2lite.q_proj", m, 3072, 2048});
+    s.push_back({"v2lite.kv_a_proj", m, 576, 2048});
+    s.push_back({"v3.q_b_proj", m, 24576, 1536});
+    s.push_back({"v3.expert_gate_up", m, 2048, 7168});
+    if (m == 1) s.push_back({"v3.o_proj", m, 7168, 16384});
+  }
+  return s;
+}
+
+// One weight (possibly several copies for cache rotation) in the requested dtype.
+struct BenchWeight {
+  std::vector<Buffer> data;
+  std::vector<std::vector<float>> scale;
+  std::vector<WeightView> views;
+};
+
+BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t seed) {
+  BenchWeight w;
+  const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(n * k));
+  const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
+  std::vector<float> f(static_cast<size_t>(k));
+  for (int c = 0; c < copies; ++c) {
+    w.data.push_back(Buffer::allocate(bytes));
+    w.scale.emplace_back();
+    uint8_t* base = w.data.back().data();
+    if (dtype == DType::kF8E4M3) {  // random codes (no NaN); the bytes are what matters for speed
+      Rng rng(seed + static_cast<uint64_t>(c));
+      for (uint64_t i = 0; i < bytes; ++i) {
+        const auto b = static_cast<uint8_t>(rng.next_u64());
+        base[i] = (b & 0x7f) == 0x7f ? 0x3f : b;
+      }
+      w.scale.back().assign(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)), 0.01f);
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t j = 0; j < k; ++j) {
+          f[static_cast<size_t>(j)] = counter_uniform(seed + static_cast<uint64_t>(c),
+                                                      static_cast<uint64_t>(r), static_cast<uint64_t>(j)) *
+                                      0.05f;
+        }
+        CHECK_OK(from_f32(dtype, f.data(), base + static_cast<uint64_t>(r) * row_bytes, k));
+      }
+    }
+    w.views.push_back(
+        WeightView{dtype, n, k, base, w.scale.back().empty() ? nullptr : w.scale.back().data()});
+  }
+  return w;
+}
+
+double thread_cpu_s() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Best batch (each ~1/20 of the budget) of seconds per call, cycling through the weight copies.
+// `cpu` times the calling thread's CPU time instead of the wall clock (single-thread pools only).
+double time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, double budget_s,
+                  ThreadPool& pool, bool cpu) {
+  const size_t copies = w.views.size();
+  matmul(w.views[0], x, m, y, pool);  // warm-up: scratch, page faults
+  auto now = [cpu] { return cpu ? thread_cpu_s() : static_cast<double>(now_ns()) * 1e-9; };
+  double best = 1e30;
+  int64_t batch = 1, done = 0;
+  const double start = now();
+  while (now() - start < budget_s || done == 0) {
+    const double t0 = now();
+    for (int64_t i = 0; i < batch; ++i) matmul(w.views[static_cast<size_t>(i) % copies], x, m, y, pool);
+    const double s = now() - t0;
+    if (s < budget_s / 20 && batch < (int64_t{1} << 20)) {
+      batch *= 2;
+      continue;
+    }
+    best = std::min(best, s / static_cast<double>(batch));
+    done += batch;
+  }
+  return best;
+}
+
+// The per-thread peak of an arithmetic in GOP per CPU-second (median of 5 short runs).
+double cpu_peak(const std::string& arith) {
+  double (*loop)(uint64_t) = nullptr;
+  const SimdLevel l = simd_level();
+  if (arith == "bf16") loop = internal::peak_bf16_avx512bf16;
+  if (arith == "int8") loop = l >= SimdLevel::kAvx512 ? internal::peak_int8_avx512 : internal::peak_int8_avx2;
+  if (arith == "f32") loop = l >= SimdLevel::kAvx512 ? internal::peak_f32_avx512 : internal::peak_f32_avx2;
+  if (loop == nullptr || l < SimdLevel::kAvx2) return 0;
+  std::vector<double> r;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = thread_cpu_s();
+    const double ops = loop(1 << 20);
+    r.push_back(ops / (thread_cpu_s() - t0) * 1e-9);
+  }
+  std::sort(r.begin(), r.end());
+  return r[2];
+}
+
+double peak_for(DType dtype, const PeakCompute& peak, std::string* arith) {
+  if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {
+    *arith = "int8";
+    return peak.int8_gops;
+  }
+  if ((dtype == DType::kBF16 || dtype == DType::kF8E4M3) && peak.level >= SimdLevel::kAvx512Bf16) {
+    *arith = "bf16";
+    return peak.bf16_gflops;
+  }
+  *arith = "f32";
+  return peak.f32_gflops;
+}
+
+struct Limits {
+  MemoryBandwidth bw;
+  PeakCompute peak;
+  std::string arith;
+  double peak_ops = 0, cpu_peak_ops = 0;
+};
+
+// Runs one shape; returns its JSON record and prints a table row unless `json`.
+nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint64_t rotate,
+                         const Limits& lim, uint64_t seed) {
+  ThreadPool& pool = default_pool();
+  const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(s.n * s.k));
+  const int copies =
+      s.m <= 16 ? static_cast<int>(std::clamp<uint64_t>(rotate / std::max<uint64_t>(bytes, 1), 1, 64)) : 1;
+  std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
+  double sec = 0;
+  {
+    const BenchWeight w = make_weight(dtype, s.n, s.k, copies, seed);
+    sec = time_calls(w, x.data(), s.m, y.data(), o.seconds, pool, false);
+  }
+  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+  const double gbs = static_cast<double>(bytes) / sec * 1e-9, gflops = flops / sec * 1e-9;
+  nlohmann::json r = {{"shape", s.name},
+                      {"dtype", dtype_name(dtype)},
+                      {"m", s.m},
+                      {"n", s.n},
+                      {"k", s.k},
+                      {"seconds_per_call", sec},
+                      {"weight_bytes", bytes},
+                      {"weight_copies", copies},
+                      {"flops", flops},
+                      {"gbs", gbs},
+                      {"gflops", gflops},
+                      {"bandwidth_fraction", gbs / lim.bw.read_gbs},
+                      {"peak_fraction", lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0}};
+  double c_gbs = 0, c_frac = 0;
+  if (o.ceiling) {
+    // small m: a ~256 KiB slice (at least one 64-row panel) so only the kernel's own speed counts;
+    // large m: the whole weight (compute-bound anyway, and the activation preparation amortised)
+    auto one = ThreadPool::create(1);
+    const uint64_t row_bytes = bytes / static_cast<uint64_t>(s.n);
+    const int64_t slice = static_cast<int64_t>((uint64_t{256} << 10) / std::max<uint64_t>(row_bytes, 1));
+    const int64_t n = s.m <= 16 ? std::clamp<int64_t>(slice, 64, s.n) : s.n;
+    const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000);
+    const double cs = time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true);
+    c_gbs = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) / cs * 1e-9;
+    const double c_gflops = 2.0 * static_cast<double>(s.m * n * s.k) / cs * 1e-9;
+    c_frac = lim.cpu_peak_ops > 0 ? c_gflops / lim.cpu_peak_ops : 0;
+    r["ceiling_gbs_per_thread"] = c_gbs;
+    r["ceiling_gflops_per_thread"] = c_gflops;
+    r["ceiling_peak_fraction"] = c_frac;
+  }
+  if (!o.json) {
+    std::printf("%-22s %-7s %4lld %6lld %6lld %10.1f %7.1f %8.1f %7.3f %7.3f", s.name.c_str(),
+                std::string(dtype_name(dtype)).c_str(), static_cast<long long>(s.m),
+                static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, gbs, gflops,
+                gbs / lim.bw.read_gbs, lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0);
+    if (o.ceiling) std::printf(" %8.1f %7.3f", c_gbs, c_frac);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+Result<std::vector<Shape>> shapes_from(const GemmOptions& o, DType dtype) {
+  std::vector<Shape> shapes;
+  if (o.m || o.n || o.k) {
+    if (!o.n || !o.k) return invalid_argument("--n and --k are both needed for a single shape");
+    shapes.push_back({"custom", o.m.value_or(1), *o.n, *o.k});
+  } else {
+    shapes = default_shapes();
+  }
+  for (const auto& s : shapes) {
+    if (s.m < 1 || s.n < 1 || s.k < 1) return invalid_argument("--m, --n and --k must be positive");
+    TRY(check_block_multiple(dtype, static_cast<uint64_t>(s.k), "--k"));
+  }
+  return shapes;
+}
+
+int run_gemm(int argc, char** argv) {
+  GemmOptions o;
+  Args args(argv[0], "Measure matmul (fused dequantisation) against the measured bandwidth and peak.");
+  args.option("--dtype", &o.dtype, "weight type: bf16|fp8|q8_0|q4_0|f16|f32", "TYPE");
+  args.option("--m", &o.m, "activation rows (default: the V2-Lite/V3 shapes at m=1 and m=512)");
+  args.option("--n", &o.n, "output features (weight rows)");
+  args.option("--k", &o.k, "input features (weight cols)");
+  args.option("--seconds", &o.seconds, "time budget per shape");
+  args.option("--rotate", &o.rotate, "total bytes of weight copies cycled for small m (defeats the caches)",
+              "SIZE");
+  args.flag("--ceiling", &o.ceiling, "also measure one thread on a cache-resident slice in CPU time");
+  args.flag("--json", &o.json, "print one JSON object");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype.ok()) return fail(args.command(), dtype.status());
+  if (!matmul_supports(*dtype)) {
+    return fail(args.command(),
+                invalid_argument("--dtype {}: matmul supports f32, f16, bf16, fp8, q8_0, q4_0", o.dtype));
+  }
+  auto rotate = parse_size(o.rotate, "--rotate");
+  if (!rotate.ok()) return fail(args.command(), rotate.status());
+  auto shapes = shapes_from(o, *dtype);
+  if (!shapes.ok()) return fail(args.command(), shapes.status());
+
+  ThreadPool& pool = default_pool();
+  std::fprintf(stderr, "measuring memory bandwidth and peak compute (%d threads)...\n", pool.size());
+  Limits lim;
+  lim.bw = measure_memory_bandwidth(pool);
+  lim.peak = measure_peak_compute(pool);
+  lim.peak_ops = peak_for(*dtype, lim.peak, &lim.arith);
+  if (o.ceiling) lim.cpu_peak_ops = cpu_peak(lim.arith);
+  if (!o.json) {
+    std::printf("threads %d, simd %s, read %.1f GB/s, peak %s %.1f GOP/s", pool.size(),
+                std::string(simd_level_name(simd_level())).c_str(), lim.bw.read_gbs, lim.arith.c_str(),
+                lim.peak_ops);
+    if (o.ceiling) std::printf(", per-thread CPU-time peak %.1f GOP/s", lim.cpu_peak_ops);
+    std::printf("\n%-22s %-7s %4s %6s %6s %10s %7s %8s %7s %7s%s\n", "shape", "dtype", "m", "n", "k",
+                "us/call", "GB/s", "GFLOP/s", "bw_frac", "pk_frac", o.ceiling ? " ceil_GB/s ceil_pk" : "");
+  }
+  nlohmann::json results = nlohmann::json::array();
+  uint64_t seed = 1;
+  for (const auto& s : *shapes) results.push_back(run_shape(s, *dtype, o, *rotate, lim, seed++));
+  if (o.json) {
+    nlohmann::json j = {{"threads", pool.size()},
+                        {"simd_level", simd_level_name(simd_level())},
+                        {"dtype", dtype_name(*dtype)},
+                        {"arithmetic", lim.arith},
+                        {"read_gbs", lim.bw.read_gbs},
+                        {"bf16_gflops", lim.peak.bf16_gflops},
+                        {"int8_gops", lim.peak.int8_gops},
+                        {"f32_gflops", lim.peak.f32_gflops},
+                        {"peak_gops_used", lim.peak_ops},
+                        {"cpu_peak_gops_per_thread", lim.cpu_peak_ops},
+                        {"results", results}};
+    print_json_line(j.dump());
+  }
+  return 0;
+}
+
+}  // namespace
+
+FATHOM_BENCH("gemm", "matmul with fused dequantisation vs measured bandwidth and peak", run_gemm);
+
+}  // namespace fathom::cli

@@ -1,0 +1,206 @@
+// BF16 weights on AVX-512 BF16: vdpbf16ps dot products of bf16 activations with bf16 weights,
+// fp32 accumulation; FP8 weights dispatch to matmul_fp8_impl.h (register-table converter here, the
+// VBMI converter in matmul_fp8vbmi_avx512bf16.cpp).
+//  - m <= 4 (decode): row-wise; each weight row is streamed once and dotted with the m activation
+//    rows from L1.
+//  - m > 4 (prefill): the blocked GEMM of matmul_gemm_impl.h with a 6x64 micro-kernel over a panel
+//    of k-pairs x 64 output columns ([kc/2][64][2] bf16), transposed once per k-block.
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/matmul_fp8_impl.h"
+#include "kernels/matmul_gemm_impl.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512_impl.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+inline const uint16_t* row_ptr(const WeightView& w, int64_t r) {
+  return static_cast<const uint16_t*>(w.data) + r * w.cols;
+}
+
+inline __m512bh as_bh(__m512i v) {
+  return (__m512bh)v;
+}
+
+inline __m512bh bcast_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return as_bh(_mm512_set1_epi32(v));
+}
+
+// 32 weights of a row starting at column k (n valid, rest zero).
+inline __m512i load_w32(const uint16_t* row, int64_t k, int64_t n) {
+  return n >= 32 ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi16(lanes32(n), row + k);
+}
+
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
+
+// ---- matrix-vector: R rows x M activation rows ----
+
+template <int R, int M>
+inline void reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool accumulate, int64_t r) {
+  FATHOM_UNROLL
+  for (int m = 0; m < M; ++m) {
+    if constexpr (R == 4) {
+      alignas(16) float s[4];
+      _mm_store_ps(s, hsum4(acc[0][m], acc[1][m], acc[2][m], acc[3][m]));
+      FATHOM_UNROLL
+      for (int i = 0; i < 4; ++i) store_y(y + m * ldy + r + i, accumulate, s[i]);
+    } else {
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) store_y(y + m * ldy + r + i, accumulate, _mm512_reduce_add_ps(acc[i][m]));
+    }
+  }
+}
+
+template <int R, int M>
+void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  __m512 acc[R][M];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  }
+  const int64_t K = w.cols;
+  const uint16_t* row0 = row_ptr(w, r);
+  const uint16_t* xb = x.bf16;
+  const int64_t xs = x.stride;
+  // one step: 32 columns; `mask` all ones except in the last partial step
+  auto step = [&](int64_t k, __mmask32 mask) {
+    __m512bh xv[M];
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) xv[m] = as_bh(_mm512_loadu_si512(xb + m * xs + k));
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const __m512bh wv = as_bh(_mm512_maskz_loadu_epi16(mask, row0 + i * K + k));
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) acc[i][m] = _mm512_dpbf16_ps(acc[i][m], wv, xv[m]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) step(k, static_cast<__mmask32>(0xffffffffu));
+  if (k < K) step(k, lanes32(K - k));
+  reduce_store<R, M>(acc, y, ldy, accumulate, r);
+}
+
+// R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+template <int R>
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4) matvec_bf16<R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  switch (x.m - i) {
+    case 1:
+      matvec_bf16<R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 2:
+      matvec_bf16<R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 3:
+      matvec_bf16<R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      break;
+    default:
+      break;
+  }
+}
+
+void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                 int64_t r1) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) matvec_all<4>(w, x, y, ldy, accumulate, r);
+  for (; r < r1; ++r) matvec_all<1>(w, x, y, ldy, accumulate, r);
+}
+
+// ---- GEMM: panel of [kc/2][64] bf16 pairs ----
+
+struct Bf16Gemm {
+  static constexpr int kNR = 64;
+  static constexpr int kMR = 6;
+  static constexpr int64_t kKC = 256;
+  struct Panel {
+    alignas(64) uint32_t b[kKC / 2 * kNR];
+  };
+
+  static int64_t kc_step(const WeightView&) { return kKC; }
+
+  static void pack(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc, Panel& p) {
+    for (int v = 0; v < kNR / 16; ++v) {
+      const uint16_t* rows[16];
+      int live = 0;
+      FATHOM_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        const int64_t j = 16 * v + i;
+        rows[i] = j < nr ? row_ptr(w, n0 + j) : nullptr;
+        live += j < nr;
+      }
+      for (int64_t kk = 0; kk < kc; kk += 32) {
+        __m512i t[16];
+        FATHOM_UNROLL
+        for (int i = 0; i < 16; ++i) {
+          t[i] = rows[i] != nullptr ? load_w32(rows[i], k0 + kk, kc - kk) : _mm512_setzero_si512();
+        }
+        if (live > 0) transpose16x16_epi32(t);
+        uint32_t* dst = p.b + (kk / 2) * kNR + 16 * v;
+        FATHOM_UNROLL
+        for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
+      }
+    }
+  }
+
+  template <int MR>
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
+    __m512 acc[MR][4];
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+    }
+    const uint16_t* a = x.bf16 + m0 * x.stride + k0;
+    const int64_t np = (kc + 1) / 2;
+    const uint32_t* b = p.b;
+    for (int64_t q = 0; q < np; ++q, b += kNR) {
+      const __m512bh b0 = as_bh(_mm512_load_si512(b)), b1 = as_bh(_mm512_load_si512(b + 16));
+      const __m512bh b2 = as_bh(_mm512_load_si512(b + 32)), b3 = as_bh(_mm512_load_si512(b + 48));
+      FATHOM_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh av = bcast_pair(a + m * x.stride + 2 * q);
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], av, b0);
+        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], av, b1);
+        acc[m][2] = _mm512_dpbf16_ps(acc[m][2], av, b2);
+        acc[m][3] = _mm512_dpbf16_ps(acc[m][3], av, b3);
+      }
+    }
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v) store_tile16(c + m * ldc + 16 * v, acc[m][v], nr - 16 * v, overwrite);
+    }
+  }
+};
+
+}  // namespace
+
+void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                          int64_t r0, int64_t r1) {
+  CHECK(x.kind == ActKind::kBF16);
+  if (w.dtype == DType::kF8E4M3) {
+    if (x.bf16_perm64) {
+      rows_fp8_vbmi_avx512bf16(w, x, y, y_stride, accumulate, r0, r1);
+    } else {
+      rows_fp8<Fp8TableConv>(w, x, y, y_stride, accumulate, r0, r1);
+    }
+    return;
+  }
+  CHECK(w.dtype == DType::kBF16);
+  if (x.m <= matvec_max_m(w.dtype, SimdLevel::kAvx512Bf16)) {
+    matvec_rows(w, x, y, y_stride, accumulate, r0, r1);
+    return;
+  }
+  gemm_rows<Bf16Gemm>(w, x, y, y_stride, accumulate, r0, r1);
+}
+
+}  // namespace fathom::matmul_internal

@@ -1,0 +1,235 @@
+// FP8 (e4m3 + 128x128 block scales) kernels on AVX-512 BF16, templated on the e4m3 -> bf16
+// converter; included by matmul_avx512bf16.cpp (register-table converter, any AVX-512 BW CPU) and
+// matmul_fp8vbmi_avx512bf16.cpp (vpermi2b converter, CPUs with AVX-512 VBMI).
+//
+// A converter turns 64 e4m3 bytes into two vectors of 32 bf16 values, in an order the activations
+// are prepared in (ActView::bf16_perm64): natural order for the register table, and for VBMI the
+// byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
+// each 128-column block is summed in fp32 and multiplied by its scale.
+//  - m <= 4: row-wise matrix-vector, R rows x M activation rows, 64 columns per step.
+//  - m > 4: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
+//    k-block, converted once) and the block scale applied per column in the epilogue.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/matmul_gemm_impl.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512_impl.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+inline __mmask64 lanes64(int64_t n) {
+  return n >= 64 ? ~static_cast<__mmask64>(0) : (static_cast<__mmask64>(1) << n) - 1;
+}
+
+// Natural order: A = bytes 0-31, B = bytes 32-63, through the 4-register magnitude table.
+struct Fp8TableConv {
+  static constexpr bool kPermuted = false;
+  E4m3ToBf16 t;
+  inline void convert64(const uint8_t* p, __mmask64 mask, __m512i& a, __m512i& b) const {
+    const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
+    a = t.convert(_mm512_castsi512_si256(v));
+    b = t.convert(_mm512_extracti64x4_epi64(v, 1));
+  }
+};
+
+inline const uint8_t* fp8_row(const WeightView& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * w.cols;
+}
+
+inline __m512bh bh(__m512i v) {
+  return (__m512bh)v;
+}
+
+template <int R, int M>
+inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool accumulate, int64_t r) {
+  FATHOM_UNROLL
+  for (int m = 0; m < M; ++m) {
+    if constexpr (R == 4) {
+      alignas(16) float s[4];
+      _mm_store_ps(s, hsum4(acc[0][m], acc[1][m], acc[2][m], acc[3][m]));
+      FATHOM_UNROLL
+      for (int i = 0; i < 4; ++i) y[m * ldy + r + i] = accumulate ? y[m * ldy + r + i] + s[i] : s[i];
+    } else {
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) {
+        const float s = _mm512_reduce_add_ps(acc[i][m]);
+        y[m * ldy + r + i] = accumulate ? y[m * ldy + r + i] + s : s;
+      }
+    }
+  }
+}
+
+template <class Conv, int R, int M>
+void fp8_matvec_group(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
+                      bool accumulate, int64_t r) {
+  __m512 tot[R][M];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) tot[i][m] = _mm512_setzero_ps();
+  }
+  const int64_t K = w.cols;
+  const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * K;
+  const float* scales[R];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) scales[i] = fp8_scale_row(w, r + i);
+  const uint16_t* xb = x.bf16;
+  const int64_t xs = x.stride;
+  for (int64_t k0 = 0; k0 < K; k0 += 128) {
+    __m512 blk[R][M][2];  // two chains per (row, activation row): the a and b halves
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) blk[i][m][0] = blk[i][m][1] = _mm512_setzero_ps();
+    }
+    const int64_t kend = std::min<int64_t>(K, k0 + 128);
+    for (int64_t k = k0; k < kend; k += 64) {
+      const __mmask64 mask = lanes64(K - k);
+      __m512bh xa[M], xbv[M];
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) {
+        xa[m] = bh(_mm512_loadu_si512(xb + m * xs + k));
+        xbv[m] = bh(_mm512_loadu_si512(xb + m * xs + k + 32));
+      }
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) {
+        __m512i wa, wb;
+        conv.convert64(row0 + i * K + k, mask, wa, wb);
+        FATHOM_UNROLL
+        for (int m = 0; m < M; ++m) {
+          blk[i][m][0] = _mm512_dpbf16_ps(blk[i][m][0], bh(wa), xa[m]);
+          blk[i][m][1] = _mm512_dpbf16_ps(blk[i][m][1], bh(wb), xbv[m]);
+        }
+      }
+    }
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const __m512 s = _mm512_set1_ps(scales[i][k0 / 128]);
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m)
+        tot[i][m] = _mm512_fmadd_ps(_mm512_add_ps(blk[i][m][0], blk[i][m][1]), s, tot[i][m]);
+    }
+  }
+  fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
+}
+
+template <class Conv, int M>
+void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                     int64_t r0, int64_t r1) {
+  const Conv conv;
+  constexpr int R = M == 1 ? 4 : 2;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) fp8_matvec_group<Conv, R, M>(conv, w, x, y, ldy, accumulate, r);
+  for (; r < r1; ++r) fp8_matvec_group<Conv, 1, M>(conv, w, x, y, ldy, accumulate, r);
+}
+
+template <class Conv>
+struct Fp8Gemm {
+  static constexpr int kNR = 64;
+  static constexpr int kMR = 5;
+  static constexpr int64_t kKC = 128;
+  struct Panel {
+    alignas(64) uint32_t b[kKC / 2 * kNR];
+    alignas(64) float scale[kNR];
+  };
+
+  static int64_t kc_step(const WeightView&) { return kKC; }
+
+  static void pack(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc, Panel& p) {
+    const Conv conv;
+    for (int v = 0; v < kNR / 16; ++v) {
+      const uint8_t* rows[16];
+      FATHOM_UNROLL
+      for (int i = 0; i < 16; ++i) rows[i] = 16 * v + i < nr ? fp8_row(w, n0 + 16 * v + i) : nullptr;
+      for (int64_t kk = 0; kk < kc; kk += 64) {
+        __m512i ta[16], tb[16];
+        const __mmask64 mask = lanes64(kc - kk);
+        FATHOM_UNROLL
+        for (int i = 0; i < 16; ++i) {
+          if (rows[i] != nullptr) {
+            conv.convert64(rows[i] + k0 + kk, mask, ta[i], tb[i]);
+          } else {
+            ta[i] = tb[i] = _mm512_setzero_si512();
+          }
+        }
+        transpose16x16_epi32(ta);
+        transpose16x16_epi32(tb);
+        uint32_t* dst = p.b + (kk / 2) * kNR + 16 * v;
+        FATHOM_UNROLL
+        for (int j = 0; j < 16; ++j) {
+          _mm512_store_si512(dst + j * kNR, ta[j]);
+          _mm512_store_si512(dst + (16 + j) * kNR, tb[j]);
+        }
+      }
+    }
+    for (int64_t j = 0; j < kNR; ++j) p.scale[j] = j < nr ? fp8_scale_row(w, n0 + j)[k0 / 128] : 0.0f;
+  }
+
+  template <int MR>
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
+    __m512 acc[MR][4];
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+    }
+    const uint16_t* a = x.bf16 + m0 * x.stride + k0;
+    // pairs beyond kc are zero in both the panel (masked loads) and x (padding) only up to the next
+    // 64; the panel always holds whole 64-column groups, so run over them
+    const int64_t np = (kc + 63) / 64 * 32;
+    const uint32_t* b = p.b;
+    for (int64_t q = 0; q < np; ++q, b += kNR) {
+      const __m512bh b0 = bh(_mm512_load_si512(b)), b1 = bh(_mm512_load_si512(b + 16));
+      const __m512bh b2 = bh(_mm512_load_si512(b + 32)), b3 = bh(_mm512_load_si512(b + 48));
+      FATHOM_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, a + m * x.stride + 2 * q, 4);
+        const __m512bh av = bh(_mm512_set1_epi32(pair));
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], av, b0);
+        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], av, b1);
+        acc[m][2] = _mm512_dpbf16_ps(acc[m][2], av, b2);
+        acc[m][3] = _mm512_dpbf16_ps(acc[m][3], av, b3);
+      }
+    }
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        store_tile16(c + m * ldc + 16 * v, _mm512_mul_ps(acc[m][v], _mm512_load_ps(p.scale + 16 * v)),
+                     nr - 16 * v, overwrite);
+      }
+    }
+  }
+};
+
+template <class Conv>
+void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+              int64_t r1) {
+  switch (x.m) {
+    case 1:
+      fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 2:
+      fp8_matvec_rows<Conv, 2>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 3:
+      fp8_matvec_rows<Conv, 3>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    case 4:
+      fp8_matvec_rows<Conv, 4>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+    default:
+      gemm_rows<Fp8Gemm<Conv>>(w, x, y, ldy, accumulate, r0, r1);
+      return;
+  }
+}
+
+}  // namespace
+}  // namespace fathom::matmul_internal

@@ -1,0 +1,57 @@
+// The blocked GEMM driver shared by the SIMD paths (included by *_avx512*.cpp files only, so it is
+// compiled for their ISA; internal linkage keeps the instantiations apart).
+//
+// For weight rows [r0, r1) in panels of NR output columns: for each k-block the panel is converted
+// ONCE (dequantised, transposed into the micro-kernel's layout) into a stack tile that stays in L1,
+// then every row of x runs against it in groups of MR rows. The fp32 result tile lives in y itself
+// (L2-resident for one panel); each k-block adds its contribution, so fp8's per-128 block scales
+// and the quantised types' per-block scales are applied where the block ends.
+//
+// Traits T provides: kNR, kMR, kKC (largest k-block), `Panel` (the tile type), kc_step(w),
+// pack(w, n0, nr, k0, kc, panel) and template<int MR> micro(x, m0, k0, kc, panel, c, ldc, nr,
+// overwrite).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/matmul_impl.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+template <class T, int MR>
+inline void micro_tail(int64_t rem, const ActView& x, int64_t m0, int64_t k0, int64_t kc,
+                       const typename T::Panel& p, float* c, int64_t ldc, int64_t nr, bool overwrite) {
+  if constexpr (MR >= 1) {
+    if (rem == MR) {
+      T::template micro<MR>(x, m0, k0, kc, p, c, ldc, nr, overwrite);
+    } else {
+      micro_tail<T, MR - 1>(rem, x, m0, k0, kc, p, c, ldc, nr, overwrite);
+    }
+  }
+}
+
+template <class T>
+void gemm_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+               int64_t r1) {
+  alignas(64) typename T::Panel panel;
+  const int64_t kc_step = T::kc_step(w);
+  for (int64_t n0 = r0; n0 < r1; n0 += T::kNR) {
+    const int64_t nr = std::min<int64_t>(T::kNR, r1 - n0);
+    for (int64_t k0 = 0; k0 < w.cols; k0 += kc_step) {
+      const int64_t kc = std::min(kc_step, w.cols - k0);
+      T::pack(w, n0, nr, k0, kc, panel);
+      const bool overwrite = !accumulate && k0 == 0;
+      int64_t m0 = 0;
+      for (; m0 + T::kMR <= x.m; m0 += T::kMR) {
+        T::template micro<T::kMR>(x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
+      }
+      if (m0 < x.m)
+        micro_tail<T, T::kMR - 1>(x.m - m0, x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom::matmul_internal

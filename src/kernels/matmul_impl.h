@@ -1,0 +1,135 @@
+// Internals shared by matmul.cpp, the per-ISA kernel files and the grouped-expert code: the
+// prepared-activation view, the row-range kernel signature and the per-ISA entry points.
+// Not a public header: other components include kernels/matmul.h only.
+#pragma once
+
+#include <cstdint>
+
+#include "base/cpu.h"
+#include "kernels/matmul.h"
+
+// Full unrolling of the small fixed loops (rows x activation rows) of the hot kernels, so their
+// accumulator arrays live in registers.
+#define FATHOM_UNROLL _Pragma("GCC unroll 16")
+
+namespace fathom::matmul_internal {
+
+// How the activations of one call are represented, decided by the weight dtype and the SIMD level.
+enum class ActKind : uint8_t {
+  kF32,   // fp32 rows (x itself for f32/f16 weights; a bf16-rounded copy for bf16/fp8 without vdpbf16ps)
+  kBF16,  // bf16 rows for vdpbf16ps, zero-padded to `stride` (a multiple of kActPad)
+  kQ8,    // int8 rows + fp32 scale per 32-block + correction terms, zero-padded to `stride`
+};
+
+constexpr int64_t kActPad = 64;  // padded row length granularity for kBF16 / kQ8 rows
+constexpr int kQBlock = 32;      // activation quantisation block (Q8_0)
+
+// Activations prepared once per call: x[m, k] in the arithmetic of the weight's dtype.
+struct ActView {
+  ActKind kind = ActKind::kF32;
+  int64_t m = 0;
+  int64_t k = 0;       // logical columns
+  int64_t stride = 0;  // elements between rows (floats, bf16 values or int8 values)
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  // kBF16 for fp8 weights on VBMI CPUs: within each 64-column group the values are stored in the
+  // order the vpermi2b e4m3 converter produces: x[16L + j] at 8L + j and x[16L + 8 + j] at
+  // 32 + 8L + j (L < 4, j < 8).
+  bool bf16_perm64 = false;
+  const int8_t* q = nullptr;             // [m, stride]
+  const float* qd = nullptr;             // [m, stride / 32] scale d = amax / 127
+  const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
+  const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
+  const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
+};
+
+// Whether fp8 weights use the AVX-512 VBMI converter (CPU support, unless overridden for tests:
+// override < 0 restores detection, 0 disables, 1 enables where supported).
+bool fp8_use_vbmi(SimdLevel level);
+void set_fp8_vbmi_override(int override);
+
+// Which activation form a weight dtype uses at a SIMD level.
+ActKind act_kind_for(DType dtype, SimdLevel level);
+
+// Bytes of scratch prepare_activations needs for [m, k] in `kind` (0 for kF32 from f32/f16).
+uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k);
+
+// Fills `scratch` (act_scratch_bytes, 64-byte aligned) and returns the view. Rows are split over
+// the pool. x_stride in elements.
+ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
+                            int64_t x_stride, void* scratch, ThreadPool& pool);
+
+// The buffers of a prepared-activation view for m rows of k columns placed in `scratch`
+// (act_scratch_bytes for kind and a dtype that needs a copy; kF32 rows are plain fp32 with stride k).
+ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void* scratch);
+// Bytes layout_activations may need for any kind.
+uint64_t act_scratch_bytes_any(int64_t m, int64_t k);
+// Rows [begin, begin + count) of a view (pointers advanced; same stride).
+ActView act_rows(const ActView& a, int64_t begin, int64_t count);
+// Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations).
+void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64_t dst_row);
+
+// Quantises one row (k a multiple of 32) the way every path does: per 32-block d = amax/127,
+// q = round-half-even(x * (127/amax)), plus the two correction sums. Scalar; the reference.
+void quantize_act_row_ref(const float* x, int64_t k, int8_t* q, float* d, int32_t* corr_block,
+                          int32_t* corr_lane);
+
+// Computes output columns (weight rows) [r0, r1) for every row of x:
+//   y[i * y_stride + r] (=|+=) sum_c x[i, c] * W[r, c]   for i < x.m, r in [r0, r1).
+// `accumulate` false overwrites. Chooses matrix-vector or GEMM form by x.m internally.
+using RowsKernel = void (*)(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
+                            bool accumulate, int64_t r0, int64_t r1);
+
+// The kernel for a dtype at a level (nullptr when unsupported). Levels fall back: a level without
+// a kernel for the dtype uses the next lower one.
+RowsKernel rows_kernel_for(DType dtype, SimdLevel level);
+
+// Granularity (in weight rows) a caller should split [0, rows) at for this kernel and m.
+int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m);
+
+// The largest m that takes the matrix-vector form at a level: weight rows are streamed once and
+// dotted with the activation rows in groups of up to 4 (up to 16 rows on AVX-512 for bf16/int8,
+// where that beats converting a GEMM panel; fp8 keeps 4).
+int64_t matvec_max_m(DType dtype, SimdLevel level);
+
+// Per-ISA entry points (nullptr-free: each exists for the dtypes its level handles).
+void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                 int64_t r0, int64_t r1);
+void rows_f32family_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                         int64_t r0, int64_t r1);
+void rows_int8_avx2(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                    int64_t r0, int64_t r1);
+void rows_f32family_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                           int64_t r0, int64_t r1);
+void rows_int8_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                      int64_t r0, int64_t r1);
+void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                          int64_t r0, int64_t r1);
+void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
+                              bool accumulate, int64_t r0, int64_t r1);
+
+// Activation preparation leaves (rows [i0, i1) of x into the prepared buffers).
+void act_to_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                             int64_t i0, int64_t i1, bool perm64);
+// Position of column c (within its 64-group) in the perm64 layout.
+inline int64_t fp8_perm64_index(int64_t c) {
+  const int64_t g = c & ~int64_t{63}, j = c & 63, lane = j >> 4, half = (j >> 3) & 1;
+  return g + half * 32 + lane * 8 + (j & 7);
+}
+void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                             int64_t i0, int64_t i1, bool perm64);
+void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, float* out, int64_t i0,
+                                int64_t i1);
+void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,
+                              float* d, int32_t* corr_block, int32_t* corr_lane, float* d_lane, int64_t i0,
+                              int64_t i1);
+void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q, float* d,
+                            int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
+
+// FP8 helpers shared by the paths: scale of weight element (r, c).
+inline const float* fp8_scale_row(const WeightView& w, int64_t r) {
+  const int64_t scale_cols = (w.cols + 127) / 128;
+  return w.scale_inv + (r / 128) * scale_cols;
+}
+
+}  // namespace fathom::matmul_internal

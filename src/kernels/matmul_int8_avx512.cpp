@@ -1,0 +1,267 @@
+// Q8_0 and Q4_0 weights on AVX-512 VNNI: int8 activations (quantised per 32-block), vpdpbusd
+// int32 block dot products, fp32 scale d_w * d_x per block.
+//
+// vpdpbusd multiplies unsigned by signed bytes, so weights enter as w + 128 (u8) and the
+// activations stay signed; the excess 128 * sum(x) is removed exactly by starting each int32
+// accumulator at the precomputed correction (-128 * sum of the activation bytes it covers).
+//  - m <= 4: row-wise; two 32-blocks per 512-bit step, lanes 0-7 block b and 8-15 block b+1.
+//  - m > 4: blocked GEMM, panel [kc/4][64 columns][4 bytes], 6x64 micro-kernel; per 32-block
+//    the int32 tile is converted and scaled into an fp32 tile in L1.
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/matmul_gemm_impl.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512_impl.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+template <DType D>
+constexpr int64_t block_bytes() {
+  return D == DType::kQ8_0 ? 34 : 18;
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Blocks b and b+1 (when `two`) of a row as 64 bytes of w + 128.
+template <DType D>
+inline __m512i load_q64(const uint8_t* row, int64_t b, bool two) {
+  constexpr int64_t bb = block_bytes<D>();
+  const uint8_t* p0 = row + b * bb + 2;
+  if constexpr (D == DType::kQ8_0) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0));
+    const __m256i hi =
+        two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + bb)) : _mm256_setzero_si256();
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    const __m128i n0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0));
+    const __m128i n1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + bb)) : _mm_setzero_si128();
+    const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(n0), n1, 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i lo = _mm256_and_si256(y, m4), hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // lo b, lo b+1, hi b, hi b+1
+    const __m512i ordered = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_add_epi8(ordered, _mm512_set1_epi8(120));  // (q - 8) + 128
+  }
+}
+
+// fp32 scales of blocks b and b+1: lanes 0-7 d_b, lanes 8-15 d_{b+1} (0 when !two).
+template <DType D>
+inline __m512 load_d2(const uint8_t* row, int64_t b, bool two) {
+  constexpr int64_t bb = block_bytes<D>();
+  const __m256i lo = _mm256_set1_epi16(static_cast<short>(load_u16(row + b * bb)));
+  const __m256i h = two ? _mm256_mask_set1_epi16(lo, 0xff00, static_cast<short>(load_u16(row + (b + 1) * bb)))
+                        : _mm256_maskz_mov_epi16(0x00ff, lo);
+  return _mm512_cvtph_ps(h);
+}
+
+inline void store_y(float* y, bool accumulate, float v) {
+  *y = accumulate ? *y + v : v;
+}
+
+template <DType D, int R, int M>
+void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  constexpr int64_t bb = block_bytes<D>();
+  const int64_t nb = w.cols / 32, row_bytes = nb * bb;
+  const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * row_bytes;
+  __m512 acc[R][M];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  }
+  const int64_t xs = x.stride, ls = x.stride / 4;
+  auto step = [&](int64_t b, bool two) {
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const __m512i wq = load_q64<D>(row0 + i * row_bytes, b, two);
+      const __m512 dw = load_d2<D>(row0 + i * row_bytes, b, two);
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.qcorr_lane + m * ls + b * 8), wq,
+                                              _mm512_loadu_si512(x.q + m * xs + b * 32));
+        const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(x.qd_lane + m * ls + b * 8));
+        acc[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s, acc[i][m]);
+      }
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) step(b, true);
+  if (b < nb) step(b, false);  // a last single block: the second half is zero on both sides
+  FATHOM_UNROLL
+  for (int m = 0; m < M; ++m) {
+    if constexpr (R == 4) {
+      alignas(16) float s[4];
+      _mm_store_ps(s, hsum4(acc[0][m], acc[1][m], acc[2][m], acc[3][m]));
+      FATHOM_UNROLL
+      for (int i = 0; i < 4; ++i) store_y(y + m * ldy + r + i, accumulate, s[i]);
+    } else {
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) store_y(y + m * ldy + r + i, accumulate, _mm512_reduce_add_ps(acc[i][m]));
+    }
+  }
+}
+
+// R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+template <DType D, int R>
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4) matvec_group<D, R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  switch (x.m - i) {
+    case 1:
+      matvec_group<D, R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 2:
+      matvec_group<D, R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      break;
+    case 3:
+      matvec_group<D, R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      break;
+    default:
+      break;
+  }
+}
+
+template <DType D>
+void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                 int64_t r1) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) matvec_all<D, 4>(w, x, y, ldy, accumulate, r);
+  for (; r < r1; ++r) matvec_all<D, 1>(w, x, y, ldy, accumulate, r);
+}
+
+template <DType D>
+struct Int8Gemm {
+  static constexpr int kNR = 64;
+  static constexpr int kMR = 6;
+  static constexpr int64_t kKC = 256;
+  struct Panel {
+    alignas(64) uint32_t b[kKC / 4 * kNR];         // [kc/4][64] groups of 4 bytes (w + 128)
+    alignas(64) float scale[kKC / kQBlock * kNR];  // [kc/32][64] d_w
+  };
+
+  static int64_t kc_step(const WeightView&) { return kKC; }
+
+  static void pack(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc, Panel& p) {
+    constexpr int64_t bb = block_bytes<D>();
+    const int64_t row_bytes = w.cols / 32 * bb;
+    const int64_t b0 = k0 / 32, nb = kc / 32;
+    for (int v = 0; v < kNR / 16; ++v) {
+      const uint8_t* rows[16];
+      FATHOM_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        const int64_t j = 16 * v + i;
+        rows[i] = j < nr ? static_cast<const uint8_t*>(w.data) + (n0 + j) * row_bytes : nullptr;
+      }
+      for (int64_t b = 0; b < nb; b += 2) {
+        const bool two = b + 1 < nb;
+        __m512i t[16];
+        FATHOM_UNROLL
+        for (int i = 0; i < 16; ++i)
+          t[i] = rows[i] != nullptr ? load_q64<D>(rows[i], b0 + b, two) : _mm512_setzero_si512();
+        transpose16x16_epi32(t);
+        uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
+        const int groups = two ? 16 : 8;
+        FATHOM_UNROLL
+        for (int j = 0; j < groups; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
+      }
+      for (int64_t b = 0; b < nb; ++b) {
+        FATHOM_UNROLL
+        for (int i = 0; i < 16; ++i) {
+          p.scale[b * kNR + 16 * v + i] =
+              rows[i] != nullptr ? f16_to_f32(load_u16(rows[i] + (b0 + b) * bb)) : 0.0f;
+        }
+      }
+    }
+  }
+
+  // Per 32-block: int32 tile of MR x 64 in registers (24 accumulators at MR = 6), then converted
+  // and scaled into the fp32 tile kept in L1 (registers cannot hold both).
+  template <int MR>
+  static void micro(const ActView& x, int64_t m0, int64_t k0, int64_t kc, const Panel& p, float* c,
+                    int64_t ldc, int64_t nr, bool overwrite) {
+    alignas(64) float tile[MR][kNR];
+    const int64_t xnb = x.stride / kQBlock;
+    const int64_t nb = kc / 32;
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const int64_t xb = k0 / 32 + blk;
+      __m512i acci[MR][4];
+      FATHOM_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        acci[m][0] = _mm512_set1_epi32(x.qcorr_block[(m0 + m) * xnb + xb]);
+        acci[m][1] = acci[m][2] = acci[m][3] = acci[m][0];
+      }
+      const uint32_t* b = p.b + blk * 8 * kNR;
+      const int8_t* a = x.q + m0 * x.stride + xb * 32;
+      FATHOM_UNROLL
+      for (int q = 0; q < 8; ++q, b += kNR) {
+        const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 16);
+        const __m512i b2 = _mm512_load_si512(b + 32), b3 = _mm512_load_si512(b + 48);
+        FATHOM_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          const __m512i av = _mm512_set1_epi32(load_i32(a + m * x.stride + 4 * q));
+          acci[m][0] = _mm512_dpbusd_epi32(acci[m][0], b0, av);
+          acci[m][1] = _mm512_dpbusd_epi32(acci[m][1], b1, av);
+          acci[m][2] = _mm512_dpbusd_epi32(acci[m][2], b2, av);
+          acci[m][3] = _mm512_dpbusd_epi32(acci[m][3], b3, av);
+        }
+      }
+      const float* dw = p.scale + blk * kNR;
+      FATHOM_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const __m512 dx = _mm512_set1_ps(x.qd[(m0 + m) * xnb + xb]);
+        FATHOM_UNROLL
+        for (int v = 0; v < 4; ++v) {
+          const __m512 s = _mm512_mul_ps(_mm512_load_ps(dw + 16 * v), dx);
+          const __m512 f = _mm512_cvtepi32_ps(acci[m][v]);
+          _mm512_store_ps(tile[m] + 16 * v, blk == 0
+                                                ? _mm512_mul_ps(f, s)
+                                                : _mm512_fmadd_ps(f, s, _mm512_load_ps(tile[m] + 16 * v)));
+        }
+      }
+    }
+    FATHOM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      FATHOM_UNROLL
+      for (int v = 0; v < 4; ++v)
+        store_tile16(c + m * ldc + 16 * v, _mm512_load_ps(tile[m] + 16 * v), nr - 16 * v, overwrite);
+    }
+  }
+};
+
+template <DType D>
+void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                int64_t r1) {
+  if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
+    matvec_rows<D>(w, x, y, ldy, accumulate, r0, r1);
+  } else {
+    gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);
+  }
+}
+
+}  // namespace
+
+void rows_int8_avx512(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                      int64_t r0, int64_t r1) {
+  CHECK(x.kind == ActKind::kQ8);
+  if (w.dtype == DType::kQ8_0) {
+    rows_typed<DType::kQ8_0>(w, x, y, y_stride, accumulate, r0, r1);
+  } else {
+    CHECK(w.dtype == DType::kQ4_0);
+    rows_typed<DType::kQ4_0>(w, x, y, y_stride, accumulate, r0, r1);
+  }
+}
+
+}  // namespace fathom::matmul_internal

@@ -1,0 +1,413 @@
+// matmul against its float64 reference on fresh random inputs, for every dtype, every SIMD level
+// this CPU has (capped with set_simd_level_cap), decode (m <= 4) and GEMM (m > 4) shapes, odd sizes,
+// strides and accumulation; the activation preparation bit for bit against the scalar quantiser;
+// error paths; determinism across thread counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/kernels_test_util.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_impl.h"
+
+namespace fathom {
+namespace {
+
+using testing::abs_dot;
+using testing::random_floats;
+using testing::random_weight;
+using testing::SimdCap;
+using testing::supported_levels;
+using testing::test_seed;
+
+const DType kAllTypes[] = {DType::kF32,    DType::kF16,  DType::kBF16,
+                           DType::kF8E4M3, DType::kQ8_0, DType::kQ4_0};
+
+bool is_quant(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0;
+}
+
+// Tolerance relative to sum |x w|: fp32 accumulation of up to ~1000 products in any order.
+constexpr double kRelTol = 2e-5;
+
+struct Case {
+  int64_t rows, cols, m;
+  bool accumulate;
+  int64_t x_pad, y_pad;
+};
+
+// Runs one case at the current SIMD level and compares with matmul_ref.
+void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, const std::string& what) {
+  const int64_t xs = w.cols + c.x_pad, ys = w.rows + c.y_pad;
+  std::vector<float> xdense = random_floats(rng, c.m * w.cols);
+  std::vector<float> x(static_cast<size_t>(c.m * xs), 777.0f), y(static_cast<size_t>(c.m * ys), 0.0f);
+  for (int64_t i = 0; i < c.m; ++i)
+    std::memcpy(x.data() + i * xs, xdense.data() + i * w.cols, static_cast<size_t>(w.cols) * 4);
+  std::vector<float> y0 = random_floats(rng, c.m * ys);
+  y = y0;
+  matmul(w, x.data(), c.m, y.data(), pool,
+         MatmulOptions{.x_stride = xs, .y_stride = ys, .accumulate = c.accumulate});
+  std::vector<double> ref(static_cast<size_t>(c.m * w.rows));
+  matmul_ref(w, xdense.data(), c.m, ref.data());
+  const std::vector<double> scale = abs_dot(w, xdense.data(), c.m);
+  int bad = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t r = 0; r < ys; ++r) {
+      const size_t yi = static_cast<size_t>(i * ys + r);
+      if (r >= w.rows) {  // padding must be untouched
+        ASSERT_EQ(y[yi], y0[yi]) << what << " wrote outside its rows";
+        continue;
+      }
+      const size_t ri = static_cast<size_t>(i * w.rows + r);
+      const double want = ref[ri] + (c.accumulate ? y0[yi] : 0.0);
+      const double tol = kRelTol * scale[ri] + 1e-6 * std::fabs(want) + 1e-30;
+      if (!(std::fabs(y[yi] - want) <= tol) && ++bad < 5) {
+        ADD_FAILURE() << what << " m=" << i << " r=" << r << ": got " << y[yi] << " want " << want << " tol "
+                      << tol;
+      }
+    }
+  }
+  ASSERT_EQ(bad, 0) << what;
+}
+
+std::string describe(DType t, SimdLevel l, const Case& c) {
+  return fmt::format("{} {} [{}x{}] m={} acc={} xpad={} ypad={}", dtype_name(t), simd_level_name(l), c.rows,
+                     c.cols, c.m, c.accumulate, c.x_pad, c.y_pad);
+}
+
+TEST(Matmul, MatchesReferenceForEveryDtypeAndSimdLevel) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(3);
+  const int64_t float_cols[] = {1, 7, 33, 130, 257};
+  const int64_t quant_cols[] = {32, 96, 160, 288};
+  const int64_t rows_list[] = {1, 5, 67, 130};
+  const int64_t ms[] = {1, 2, 3, 4, 5, 7, 13};
+  for (DType t : kAllTypes) {
+    for (SimdLevel level : supported_levels()) {
+      SimdCap cap(level);
+      for (int trial = 0; trial < 6; ++trial) {
+        const int64_t cols = is_quant(t) ? quant_cols[rng.below(4)] : float_cols[rng.below(5)];
+        Case c{rows_list[rng.below(4)],
+               cols,
+               ms[rng.below(7)],
+               rng.below(2) == 1,
+               static_cast<int64_t>(rng.below(3)),
+               static_cast<int64_t>(rng.below(3))};
+        auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
+        check_case(rng, w.view, c, *pool, describe(t, level, c));
+      }
+    }
+  }
+}
+
+TEST(Matmul, EveryMUpToTwoGemmTilesAtEveryLevel) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  for (DType t : kAllTypes) {
+    auto w = random_weight(rng, t, 70, is_quant(t) ? 64 : 45);
+    for (SimdLevel level : supported_levels()) {
+      SimdCap cap(level);
+      for (int64_t m = 1; m <= 17; ++m) {
+        Case c{70, w.view.cols, m, false, 0, 0};
+        check_case(rng, w.view, c, *pool, describe(t, level, c));
+      }
+    }
+  }
+}
+
+TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  for (DType t : kAllTypes) {
+    for (SimdLevel level : supported_levels()) {
+      SimdCap cap(level);
+      // 600 columns: several k-blocks (128/256) with a ragged tail; 200 rows: 3+ panels and a tail.
+      const int64_t cols = is_quant(t) ? 608 : 600;
+      Case c{200, cols, static_cast<int64_t>(1 + rng.below(2) * 20), true, 0, 0};
+      auto w = random_weight(rng, t, c.rows, c.cols);
+      check_case(rng, w.view, c, *pool, describe(t, level, c));
+    }
+  }
+}
+
+TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  // every byte value 0..255 except the two NaNs appears in every 256-column row
+  const int64_t rows = 9, cols = 256;
+  Buffer data = Buffer::allocate(rows * cols);
+  std::vector<float> scale = {0.75f, 2.0f};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint8_t b = static_cast<uint8_t>((c * 7 + r) & 0xff);
+      if ((b & 0x7f) == 0x7f) b = 0;
+      data.data()[r * cols + c] = b;
+    }
+  WeightView w{DType::kF8E4M3, rows, cols, data.data(), scale.data()};
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t m : {1, 6})
+      check_case(rng, w, Case{rows, cols, m, false, 0, 0}, *pool,
+                 describe(w.dtype, level, {rows, cols, m, false, 0, 0}));
+  }
+  data.data()[3 * cols + 17] = 0x7f;  // NaN in row 3
+  std::vector<float> x = random_floats(rng, 6 * cols), y(6 * rows);
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t m : {1, 6}) {
+      matmul(w, x.data(), m, y.data(), *pool);
+      for (int64_t i = 0; i < m; ++i) {
+        EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i * rows + 3)])) << simd_level_name(level) << " m=" << m;
+        EXPECT_FALSE(std::isnan(y[static_cast<size_t>(i * rows + 2)]))
+            << simd_level_name(level) << " m=" << m;
+      }
+    }
+  }
+}
+
+TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  if (simd_level_supported() < SimdLevel::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16";
+  for (int vbmi : {0, 1}) {
+    matmul_internal::set_fp8_vbmi_override(vbmi);
+    for (int trial = 0; trial < 8; ++trial) {
+      const int64_t cols = 1 + static_cast<int64_t>(rng.below(400)),
+                    rows = 1 + static_cast<int64_t>(rng.below(150));
+      const int64_t m = 1 + static_cast<int64_t>(rng.below(12));
+      auto w = random_weight(rng, DType::kF8E4M3, rows, cols, trial % 2 == 1);
+      Case c{rows, cols, m, trial % 3 == 0, 0, 1};
+      check_case(rng, w.view, c, *pool,
+                 fmt::format("vbmi={} {}", vbmi, describe(w.view.dtype, simd_level(), c)));
+    }
+  }
+  matmul_internal::set_fp8_vbmi_override(-1);
+}
+
+TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
+  using namespace matmul_internal;
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t m = 5, k = 160;
+  std::vector<float> x = random_floats(rng, m * k, 3.0f);
+  x[7] = 0.0f;
+  for (int j = 32; j < 64; ++j) x[static_cast<size_t>(j)] = 0.0f;  // an all-zero block
+  x[100] = 127.0f * 0.5f;                                          // ties appear after scaling
+  for (SimdLevel level : supported_levels()) {
+    // q8 path
+    std::vector<uint8_t> scratch(act_scratch_bytes(ActKind::kQ8, DType::kQ8_0, m, k) + 64);
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) / 64 * 64);
+    const ActView a = prepare_activations(DType::kQ8_0, level, x.data(), m, k, k, aligned, *pool);
+    ASSERT_EQ(a.kind, ActKind::kQ8);
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<int8_t> q(k);
+      std::vector<float> d(k / 32);
+      std::vector<int32_t> cb(k / 32), cl(k / 4);
+      quantize_act_row_ref(x.data() + i * k, k, q.data(), d.data(), cb.data(), cl.data());
+      for (int64_t c = 0; c < a.stride; ++c) {
+        ASSERT_EQ(a.q[i * a.stride + c], c < k ? q[static_cast<size_t>(c)] : 0)
+            << simd_level_name(level) << " q " << i << "," << c;
+      }
+      for (int64_t b = 0; b < a.stride / 32; ++b) {
+        const bool real = b < k / 32;
+        ASSERT_EQ(a.qd[i * (a.stride / 32) + b], real ? d[static_cast<size_t>(b)] : 0.0f)
+            << simd_level_name(level);
+        ASSERT_EQ(a.qcorr_block[i * (a.stride / 32) + b], real ? cb[static_cast<size_t>(b)] : 0)
+            << simd_level_name(level);
+      }
+      for (int64_t l = 0; l < a.stride / 4; ++l) {
+        ASSERT_EQ(a.qcorr_lane[i * (a.stride / 4) + l], l < k / 4 ? cl[static_cast<size_t>(l)] : 0)
+            << simd_level_name(level);
+      }
+    }
+    if (level < SimdLevel::kAvx512Bf16) continue;
+    std::vector<uint8_t> s2(act_scratch_bytes(ActKind::kBF16, DType::kBF16, m, k) + 64);
+    void* al2 = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(s2.data()) + 63) / 64 * 64);
+    std::vector<float> xb = x;
+    xb[3] = __builtin_nanf("");
+    xb[4] = -__builtin_inff();
+    xb[5] = 1e-40f;  // subnormal
+    for (DType t : {DType::kBF16, DType::kF8E4M3}) {
+      const ActView b = prepare_activations(t, level, xb.data(), m, k, k, al2, *pool);
+      ASSERT_EQ(b.kind, ActKind::kBF16);
+      ASSERT_EQ(b.bf16_perm64, t == DType::kF8E4M3 && fp8_use_vbmi(level));
+      std::vector<uint16_t> want(static_cast<size_t>(m * b.stride));
+      act_to_bf16_rows_scalar(xb.data(), k, k, b.stride, want.data(), 0, m, b.bf16_perm64);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t c = 0; c < b.stride; ++c) {
+          const int64_t pos = b.bf16_perm64 ? fp8_perm64_index(c) : c;
+          ASSERT_EQ(b.bf16[i * b.stride + pos], c < k ? f32_to_bf16(xb[static_cast<size_t>(i * k + c)]) : 0)
+              << i << "," << c;
+          ASSERT_EQ(b.bf16[i * b.stride + pos], want[static_cast<size_t>(i * b.stride + pos)]);
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, ActivationPrecisionStaysWithinItsStatedBound) {
+  Rng rng(test_seed());
+  // bf16 rounding: |x - bf16(x)| <= 2^-9 |x|, so the error is <= 2^-9 * sum |x w|.
+  // q8: |x - q d| <= d/2 = amax/254 per element, bounded here by amax_row/254 * sum |w|.
+  for (DType t : {DType::kBF16, DType::kF8E4M3, DType::kQ8_0}) {
+    auto w = random_weight(rng, t, 40, 256);
+    std::vector<float> x = random_floats(rng, 3 * 256);
+    std::vector<double> got(3 * 40), exact(3 * 40);
+    matmul_ref(w.view, x.data(), 3, got.data());
+    matmul_exact_ref(w.view, x.data(), 3, exact.data());
+    const std::vector<double> scale = abs_dot(w.view, x.data(), 3);
+    std::vector<float> row(256);
+    for (int64_t i = 0; i < 3; ++i) {
+      float amax = 0;
+      for (int64_t c = 0; c < 256; ++c) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i * 256 + c)]));
+      for (int64_t r = 0; r < 40; ++r) {
+        dequantize_weight_row(w.view, r, row.data());
+        double wabs = 0;
+        for (float v : row) wabs += std::fabs(v);
+        const size_t j = static_cast<size_t>(i * 40 + r);
+        const double bound =
+            t == DType::kQ8_0 ? amax / 254.0 * wabs * 1.0001 : std::ldexp(scale[j], -9) * 1.0001;
+        EXPECT_LE(std::fabs(got[j] - exact[j]), bound) << dtype_name(t);
+      }
+    }
+  }
+}
+
+TEST(Matmul, ResultsDoNotDependOnThreadCount) {
+  Rng rng(test_seed());
+  for (DType t : kAllTypes) {
+    auto w = random_weight(rng, t, 300, 256);
+    for (int64_t m : {1, 3, 37}) {
+      std::vector<float> x = random_floats(rng, m * 256);
+      std::vector<float> base;
+      for (int threads : {1, 2, 3, 5}) {
+        auto pool = ThreadPool::create(threads);
+        std::vector<float> y(static_cast<size_t>(m * 300));
+        matmul(w.view, x.data(), m, y.data(), *pool);
+        if (base.empty()) {
+          base = y;
+        } else {
+          ASSERT_EQ(0, std::memcmp(base.data(), y.data(), y.size() * 4))
+              << dtype_name(t) << " m=" << m << " threads=" << threads;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, ValidateWeightNamesTheProblem) {
+  float f[64] = {};
+  WeightView ok{DType::kF32, 2, 32, f, nullptr};
+  EXPECT_TRUE(validate_weight(ok, "w").ok());
+  WeightView bad = ok;
+  bad.dtype = DType::kQ4_K;
+  auto s = validate_weight(bad, "blk.0.ffn_down");
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("blk.0.ffn_down"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("q4_k"), std::string::npos) << s.message();
+  bad = ok;
+  bad.dtype = DType::kQ8_0;
+  bad.cols = 48;
+  EXPECT_FALSE(validate_weight(bad, "w").ok());
+  bad = ok;
+  bad.dtype = DType::kF8E4M3;
+  s = validate_weight(bad, "q_b_proj");
+  EXPECT_NE(s.message().find("weight_scale_inv"), std::string::npos) << s.message();
+  bad = ok;
+  bad.scale_inv = f;
+  EXPECT_FALSE(validate_weight(bad, "w").ok());
+  bad = ok;
+  bad.data = nullptr;
+  EXPECT_FALSE(validate_weight(bad, "w").ok());
+  bad = ok;
+  bad.rows = 0;
+  EXPECT_FALSE(validate_weight(bad, "w").ok());
+}
+
+TEST(Matmul, SliceRowsKeepsFp8ScaleGridAligned) {
+  Rng rng(test_seed());
+  auto w = random_weight(rng, DType::kF8E4M3, 384, 200);
+  EXPECT_FALSE(slice_rows(w.view, 64, 200).ok());
+  EXPECT_FALSE(slice_rows(w.view, 0, 385).ok());
+  auto s = slice_rows(w.view, 128, 384);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::vector<float> x = random_floats(rng, 2 * 200), full(2 * 384), part(2 * 256);
+  auto pool = ThreadPool::create(2);
+  matmul(w.view, x.data(), 2, full.data(), *pool);
+  matmul(*s, x.data(), 2, part.data(), *pool);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t r = 0; r < 256; ++r)
+      EXPECT_EQ(part[static_cast<size_t>(i * 256 + r)], full[static_cast<size_t>(i * 384 + 128 + r)]);
+  auto q = random_weight(rng, DType::kQ8_0, 10, 64);
+  auto qs = slice_rows(q.view, 3, 7);
+  ASSERT_TRUE(qs.ok());
+  std::vector<float> ya(2 * 10), yb(2 * 4);
+  std::vector<float> xq = random_floats(rng, 2 * 64);
+  matmul(q.view, xq.data(), 2, ya.data(), *pool);
+  matmul(*qs, xq.data(), 2, yb.data(), *pool);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t r = 0; r < 4; ++r)
+      EXPECT_EQ(yb[static_cast<size_t>(i * 4 + r)], ya[static_cast<size_t>(i * 10 + 3 + r)]);
+}
+
+}  // namespace
+}  // namespace fathom
+
+namespace fathom {
+namespace {
+
+TEST(Matmul, DequantizeWeightRowMatchesTheExactWeights) {
+  Rng rng(testing::test_seed());
+  for (DType t : kAllTypes) {
+    const int64_t rows = 130, cols = is_quant(t) ? 64 : 37;
+    auto w = testing::random_weight(rng, t, rows, cols, true);
+    std::vector<float> onehot(static_cast<size_t>(cols * cols), 0.0f), row(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) onehot[static_cast<size_t>(c * cols + c)] = 1.0f;
+    std::vector<double> exact(static_cast<size_t>(cols * rows));
+    matmul_exact_ref(w.view, onehot.data(), cols, exact.data());  // exact[c, r] = W[r, c]
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_weight_row(w.view, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        const double want = exact[static_cast<size_t>(c * rows + r)];
+        ASSERT_NEAR(row[static_cast<size_t>(c)], want, 6e-8 * std::fabs(want))
+            << dtype_name(t) << " " << r << "," << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom
+
+namespace fathom {
+namespace {
+
+TEST(Matmul, NonFiniteActivationsGiveNaNNotGarbageForQuantisedWeights) {
+  Rng rng(testing::test_seed());
+  auto pool = ThreadPool::create(2);
+  for (SimdLevel level : testing::supported_levels()) {
+    testing::SimdCap cap(level);
+    for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+      auto w = testing::random_weight(rng, t, 20, 96);
+      for (int64_t m : {1, 7}) {
+        std::vector<float> x = testing::random_floats(rng, m * 96), y(static_cast<size_t>(m * 20));
+        x[40] = INFINITY;            // row 0, block 1
+        if (m > 1) x[96 + 5] = NAN;  // row 1, block 0
+        matmul(w.view, x.data(), m, y.data(), *pool);
+        for (int64_t r = 0; r < 20; ++r) {
+          EXPECT_TRUE(std::isnan(y[static_cast<size_t>(r)]))
+              << simd_level_name(level) << " " << dtype_name(t);
+          if (m > 1) {
+            EXPECT_TRUE(std::isnan(y[static_cast<size_t>(20 + r)]));
+            EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(40 + r)]));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom

@@ -1,0 +1,146 @@
+// rms_norm, softmax, silu_mul and exp against float64 references on fresh random inputs, at every
+// SIMD level this CPU has, odd sizes, strides, in place, every norm weight dtype, special values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/kernels_test_util.h"
+#include "kernels/ops.h"
+
+namespace fathom {
+namespace {
+
+using testing::random_floats;
+using testing::SimdCap;
+using testing::supported_levels;
+using testing::test_seed;
+
+TEST(Ops, ExpIsWithinTwoUlpAndHandlesSpecialValues) {
+  Rng rng(test_seed());
+  std::vector<float> x = random_floats(rng, 4099, 30.0f);
+  const float specials[] = {0.0f,  -0.0f,       1.0f,         -1.0f,  88.7f,    -87.3f,
+                            88.8f, -87.4f,      -104.0f,      1e-30f, INFINITY, -INFINITY,
+                            NAN,   0.34657359f, -0.34657359f, 50.0f,  -50.0f};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i * 7] = specials[i];
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    std::vector<float> y(x.size());
+    exp_f32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(static_cast<double>(x[i]));
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(y[i])) << simd_level_name(level);
+      } else if (want > std::numeric_limits<float>::max()) {
+        EXPECT_EQ(y[i], INFINITY) << x[i] << " " << simd_level_name(level);
+      } else if (want < std::numeric_limits<float>::min()) {  // below the normal range: 0 or the subnormal
+        EXPECT_LE(y[i], std::numeric_limits<float>::min()) << x[i] << " " << simd_level_name(level);
+        EXPECT_GE(y[i], 0.0f);
+      } else {
+        EXPECT_LE(std::fabs(y[i] - want), 2.5e-7 * want) << "exp(" << x[i] << ") " << simd_level_name(level);
+      }
+    }
+  }
+}
+
+TEST(Ops, RmsNormMatchesReferenceForEveryWeightTypeStrideAndLevel) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(3);
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t dim : {1, 7, 16, 33, 100, 512, 2049}) {
+      for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        const int64_t rows = 1 + static_cast<int64_t>(rng.below(9));
+        const int64_t xs = dim + static_cast<int64_t>(rng.below(3)),
+                      ys = dim + static_cast<int64_t>(rng.below(3));
+        std::vector<float> x = random_floats(rng, rows * xs, 2.0f), wf = random_floats(rng, dim);
+        Buffer w = Buffer::allocate(dtype_bytes(wt, static_cast<uint64_t>(dim)));
+        ASSERT_TRUE(from_f32(wt, wf.data(), w.data(), dim).ok());
+        const bool with_weight = rng.below(4) != 0;
+        RmsNormParams p{
+            .n_rows = rows, .dim = dim, .eps = 1e-6f, .x_stride = xs, .y_stride = ys, .weight_dtype = wt};
+        std::vector<float> y(static_cast<size_t>(rows * ys), 123.0f);
+        rms_norm(p, x.data(), with_weight ? w.data() : nullptr, y.data(), *pool);
+        std::vector<double> ref(static_cast<size_t>(rows * dim));
+        rms_norm_ref(p, x.data(), with_weight ? w.data() : nullptr, ref.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < ys; ++i) {
+            const float got = y[static_cast<size_t>(r * ys + i)];
+            if (i >= dim) {
+              ASSERT_EQ(got, 123.0f);
+              continue;
+            }
+            const double want = ref[static_cast<size_t>(r * dim + i)];
+            ASSERT_NEAR(got, want, 4e-6 * std::fabs(want) + 1e-7)
+                << simd_level_name(level) << " dim " << dim << " " << dtype_name(wt);
+          }
+        }
+        // in place
+        std::vector<float> xi(x.begin(), x.begin() + rows * xs);
+        rms_norm(
+            RmsNormParams{
+                .n_rows = rows, .dim = dim, .eps = 1e-6f, .x_stride = xs, .y_stride = xs, .weight_dtype = wt},
+            xi.data(), with_weight ? w.data() : nullptr, xi.data(), *pool);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < dim; ++i)
+            ASSERT_EQ(xi[static_cast<size_t>(r * xs + i)], y[static_cast<size_t>(r * ys + i)]);
+      }
+    }
+  }
+}
+
+TEST(Ops, SoftmaxMatchesReferenceWithMaskedEntriesAndAllMaskedRows) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t n : {1, 3, 8, 17, 64, 255, 1000}) {
+      const int64_t rows = 4, stride = n + 2;
+      std::vector<float> x = random_floats(rng, rows * stride, 8.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        if (rng.below(4) == 0) x[static_cast<size_t>(i)] = -INFINITY;  // row 0: some masked
+        x[static_cast<size_t>(stride + i)] = -INFINITY;                // row 1: all masked
+      }
+      x[static_cast<size_t>(2 * stride)] = 80.0f;  // row 2: a large logit
+      std::vector<double> ref(static_cast<size_t>(rows * n));
+      softmax_ref(x.data(), rows, n, stride, ref.data());
+      softmax(x.data(), rows, n, stride, *pool);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < n; ++i) {
+          const double want = ref[static_cast<size_t>(r * n + i)];
+          ASSERT_NEAR(x[static_cast<size_t>(r * stride + i)], want, 3e-6 * want + 1e-9)
+              << simd_level_name(level) << " n " << n << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Ops, SiluMulMatchesReference) {
+  Rng rng(test_seed());
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t n : {1, 5, 16, 31, 1408}) {
+      std::vector<float> g = random_floats(rng, n, 6.0f), u = random_floats(rng, n);
+      if (n > 4) {
+        g[0] = -200.0f;
+        g[1] = 200.0f;
+        g[2] = 0.0f;
+      }
+      std::vector<float> out(static_cast<size_t>(n));
+      std::vector<double> ref(static_cast<size_t>(n));
+      silu_mul(g.data(), u.data(), out.data(), n);
+      silu_mul_ref(g.data(), u.data(), ref.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = ref[static_cast<size_t>(i)];
+        ASSERT_NEAR(out[static_cast<size_t>(i)], want, 1e-6 * std::fabs(want) + 1e-30)
+            << simd_level_name(level) << " g=" << g[static_cast<size_t>(i)];
+      }
+      silu_mul(g.data(), u.data(), g.data(), n);  // in place
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g[static_cast<size_t>(i)], out[static_cast<size_t>(i)]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fathom
