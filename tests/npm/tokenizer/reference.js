@@ -50,7 +50,7 @@ function encode(req) {
   for (const text of req.texts) {
     const t = tok.encode(text, { add_special_tokens: !!req.add_special });
     ids.push(t);
-    decoded.push(tok.decode(t, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+    decoded.push(t.length ? tok.decode(t, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : "");
   }
   return { ids, decoded };
 }
