@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "tokenizer/unicode.h"
 
@@ -47,46 +48,119 @@ bool MergeTable::insert(Id left, Id right, int32_t rank, Id merged) {
   return true;
 }
 
-WordCache::WordCache(size_t capacity) : capacity_per_shard_(std::max<size_t>(1, capacity / kShards)) {}
-
-bool WordCache::lookup(std::string_view word, std::vector<Id>* out) const {
-  const size_t h = StringHash{}(word);
-  Shard& s = shards_[h >> 60];
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto it = s.map.find(word);
-  if (it == s.map.end()) {
-    ++s.misses;
-    return false;
-  }
-  ++s.hits;
-  out->insert(out->end(), it->second.begin(), it->second.end());
-  return true;
+FlatWordCache::FlatWordCache() {
+  reset();
 }
 
-void WordCache::insert(std::string_view word, const Id* ids, size_t n) const {
-  const size_t h = StringHash{}(word);
-  Shard& s = shards_[h >> 60];
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.map.size() >= capacity_per_shard_) return;  // full: stop caching (as Hugging Face does)
-  s.map.try_emplace(std::string(word), ids, ids + n);
+void FlatWordCache::reset() {
+  slots_.assign(kSlots, Slot{});
+  keys_.clear();
+  ids_.clear();
+  used_ = 0;
 }
 
-int64_t WordCache::hits() const {
-  int64_t n = 0;
-  for (auto& s : shards_) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    n += s.hits;
+bool FlatWordCache::lookup(std::string_view word, uint64_t hash, std::vector<Id>* out) const {
+  hash |= 1;
+  size_t i = hash & (kSlots - 1);
+  while (true) {
+    const Slot& s = slots_[i];
+    if (s.hash == 0) return false;
+    if (s.hash == hash && s.key_len == word.size() &&
+        std::memcmp(keys_.data() + s.key_off, word.data(), word.size()) == 0) {
+      out->insert(out->end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.n_ids);
+      return true;
+    }
+    i = (i + 1) & (kSlots - 1);
   }
-  return n;
 }
 
-int64_t WordCache::misses() const {
-  int64_t n = 0;
-  for (auto& s : shards_) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    n += s.misses;
+void FlatWordCache::insert(std::string_view word, uint64_t hash, const Id* ids, size_t n) {
+  if (word.size() > UINT16_MAX || n > UINT16_MAX) return;
+  if (used_ >= kSlots / 2) reset();
+  hash |= 1;
+  size_t i = hash & (kSlots - 1);
+  while (slots_[i].hash != 0) i = (i + 1) & (kSlots - 1);
+  Slot& s = slots_[i];
+  s.hash = hash;
+  s.key_off = static_cast<uint32_t>(keys_.size());
+  s.key_len = static_cast<uint16_t>(word.size());
+  s.ids_off = static_cast<uint32_t>(ids_.size());
+  s.n_ids = static_cast<uint16_t>(n);
+  keys_.append(word);
+  ids_.insert(ids_.end(), ids, ids + n);
+  ++used_;
+}
+
+namespace {
+
+std::atomic<uint64_t> next_model_uid{1};
+
+// Each thread keeps word caches for the few models it used last (a server has one or two).
+struct ThreadCaches {
+  struct Entry {
+    uint64_t uid = 0, last_use = 0;
+    std::unique_ptr<FlatWordCache> cache;
+  };
+  std::array<Entry, 4> entries;
+  uint64_t clock = 0;
+
+  FlatWordCache* get(uint64_t uid) {
+    ++clock;
+    Entry* victim = &entries[0];
+    for (Entry& e : entries) {
+      if (e.uid == uid) {
+        e.last_use = clock;
+        return e.cache.get();
+      }
+      if (e.last_use < victim->last_use) victim = &e;
+    }
+    if (!victim->cache) {
+      victim->cache = std::make_unique<FlatWordCache>();
+    } else {
+      victim->cache->reset();
+    }
+    victim->uid = uid;
+    victim->last_use = clock;
+    return victim->cache.get();
   }
-  return n;
+};
+
+}  // namespace
+
+BpeModel::Session::Session(const BpeModel& model) : model_(model) {
+  thread_local ThreadCaches caches;
+  cache_ = caches.get(model.uid_);
+}
+
+BpeModel::Session::~Session() {
+  if (hits_) model_.hits_.fetch_add(hits_, std::memory_order_relaxed);
+  if (misses_) model_.misses_.fetch_add(misses_, std::memory_order_relaxed);
+}
+
+void BpeModel::Session::encode_piece(std::string_view piece, std::vector<Id>* out) {
+  if (piece.empty()) return;
+  const BpeModel& m = model_;
+  if (m.options_.ignore_merges) {
+    const StringIdMap& v = m.byte_level_ ? m.raw_vocab_ : m.vocab_;
+    if (auto it = v.find(piece); it != v.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  constexpr size_t kMaxCachedBytes = 256;
+  if (piece.size() > kMaxCachedBytes) {
+    m.encode_uncached(piece, out);
+    return;
+  }
+  const uint64_t h = XXH3_64bits(piece.data(), piece.size());
+  if (cache_->lookup(piece, h, out)) {
+    ++hits_;
+    return;
+  }
+  ++misses_;
+  const size_t start = out->size();
+  m.encode_uncached(piece, out);
+  cache_->insert(piece, h, out->data() + start, out->size() - start);
 }
 
 Result<std::unique_ptr<BpeModel>> BpeModel::create(
@@ -158,6 +232,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::create(
     }
   }
   m->vocab_ = std::move(vocab);
+  m->uid_ = next_model_uid.fetch_add(1);
   return m;
 }
 
@@ -228,25 +303,40 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<Symbol>* syms
   if (!syms->empty()) syms->back().next = -1;
 }
 
-void BpeModel::merge_all(std::vector<Symbol>* syms) const {
-  struct Candidate {
-    int32_t rank, pos;
-    Id merged;
-  };
-  // std heaps are max-heaps: "greater" puts the lowest (rank, pos) on top.
-  auto later = [](const Candidate& a, const Candidate& b) {
-    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-  };
-  thread_local std::vector<Candidate> heap;
-  heap.clear();
-  std::vector<Symbol>& s = *syms;
-  for (size_t i = 0; i + 1 < s.size(); ++i) {
-    const MergeTable::Entry e = merge_table_.find(s[i].id, s[i + 1].id);
-    if (e.rank >= 0) heap.push_back({e.rank, static_cast<int32_t>(i), e.merged});
-  }
+namespace {
+
+struct Candidate {
+  int32_t rank, pos;
+  Id merged;
+};
+// std heaps are max-heaps: "later" puts the lowest (rank, pos) on top, as Hugging Face orders.
+bool later(const Candidate& a, const Candidate& b) {
+  return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+}
+
+// Merges the pair at `pos` into `merged` unless the entry is stale (the pair there no longer
+// merges into `merged`); then offers the two new pairs to push(pos, left, right).
+template <typename Push>
+void apply_candidate(const MergeTable& table, std::vector<BpeSymbol>& s, int32_t pos, Id merged,
+                     Push&& push) {
+  BpeSymbol& cur = s[pos];
+  if (cur.len == 0 || cur.next < 0) return;
+  const BpeSymbol right = s[cur.next];
+  const MergeTable::Entry e = table.find(cur.id, right.id);
+  if (e.rank < 0 || e.merged != merged) return;  // stale
+  s[cur.next].len = 0;
+  cur.id = merged;
+  cur.len += right.len;
+  cur.next = right.next;
+  if (right.next >= 0) s[right.next].prev = pos;
+  if (cur.prev >= 0) push(cur.prev, s[cur.prev].id, cur.id);
+  if (cur.next >= 0) push(pos, cur.id, s[cur.next].id);
+}
+
+void run_heap(const MergeTable& table, std::vector<BpeSymbol>& s, std::vector<Candidate>& heap) {
   std::make_heap(heap.begin(), heap.end(), later);
   auto push = [&](int32_t pos, Id left, Id right) {
-    const MergeTable::Entry e = merge_table_.find(left, right);
+    const MergeTable::Entry e = table.find(left, right);
     if (e.rank < 0) return;
     heap.push_back({e.rank, pos, e.merged});
     std::push_heap(heap.begin(), heap.end(), later);
@@ -255,41 +345,130 @@ void BpeModel::merge_all(std::vector<Symbol>* syms) const {
     std::pop_heap(heap.begin(), heap.end(), later);
     const Candidate top = heap.back();
     heap.pop_back();
-    Symbol& cur = s[top.pos];
-    if (cur.len == 0 || cur.next < 0) continue;
-    const Symbol right = s[cur.next];
-    const MergeTable::Entry e = merge_table_.find(cur.id, right.id);
-    if (e.rank < 0 || e.merged != top.merged) continue;  // stale
-    s[cur.next].len = 0;
-    cur.id = top.merged;
-    cur.len += right.len;
-    cur.next = right.next;
-    if (right.next >= 0) s[right.next].prev = top.pos;
-    if (cur.prev >= 0) push(cur.prev, s[cur.prev].id, cur.id);
-    if (cur.next >= 0) push(top.pos, cur.id, s[cur.next].id);
+    apply_candidate(table, s, top.pos, top.merged, push);
   }
 }
 
-void BpeModel::encode_piece(std::string_view piece, std::vector<Id>* out) const {
-  if (piece.empty()) return;
-  if (options_.ignore_merges) {
-    const StringIdMap& m = byte_level_ ? raw_vocab_ : vocab_;
-    if (auto it = m.find(piece); it != m.end()) {
-      out->push_back(it->second);
-      return;
-    }
+// Scratch for long words: one bucket of (pos, merged) per rank, a min-heap of the ranks with
+// entries, and a min-heap (by pos) of entries created at the rank being processed.
+struct LongWordScratch {
+  struct Entry {
+    int32_t pos;
+    Id merged;
+  };
+  std::vector<std::vector<Entry>> buckets;
+  std::vector<int32_t> ranks;  // min-heap
+  std::vector<Entry> urgent;   // min-heap by pos
+};
+
+}  // namespace
+
+void BpeModel::merge_all(std::vector<Symbol>* syms) const {
+  thread_local std::vector<Candidate> heap;
+  heap.clear();
+  std::vector<Symbol>& s = *syms;
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    const MergeTable::Entry e = merge_table_.find(s[i].id, s[i + 1].id);
+    if (e.rank >= 0) heap.push_back({e.rank, static_cast<int32_t>(i), e.merged});
   }
-  constexpr size_t kMaxCachedBytes = 128;
-  const bool cacheable = piece.size() <= kMaxCachedBytes;
-  if (cacheable && cache_.lookup(piece, out)) return;
-  thread_local std::vector<Symbol> syms;
+  run_heap(merge_table_, s, heap);
+}
+
+// The same merge order as merge_all — lowest rank first, then lowest position — with a bucket
+// per rank instead of one heap over every pair, which keeps a 1 MB word in cache-friendly
+// arrays. Ranks only grow while merging in a trained vocabulary; if one does not (a new pair
+// ranks below the current one), the remaining work moves to the heap of merge_all.
+void BpeModel::merge_all_long(std::vector<Symbol>* syms) const {
+  using Entry = LongWordScratch::Entry;
+  thread_local LongWordScratch st;
+  std::vector<Symbol>& s = *syms;
+  if (st.buckets.size() < merge_list_.size()) st.buckets.resize(merge_list_.size());
+  st.ranks.clear();
+  st.urgent.clear();
+  auto rank_after = std::greater<int32_t>();
+  auto pos_after = [](const Entry& a, const Entry& b) { return a.pos > b.pos; };
+  int32_t current = -1;
+  bool fallback = false;
+  thread_local std::vector<Candidate> heap;
+  heap.clear();
+  auto push = [&](int32_t pos, Id left, Id right) {
+    const MergeTable::Entry e = merge_table_.find(left, right);
+    if (e.rank < 0) return;
+    if (fallback || e.rank < current) {
+      fallback = true;
+      heap.push_back({e.rank, pos, e.merged});
+    } else if (e.rank == current) {
+      st.urgent.push_back({pos, e.merged});
+      std::push_heap(st.urgent.begin(), st.urgent.end(), pos_after);
+    } else {
+      auto& b = st.buckets[e.rank];
+      if (b.empty()) {
+        st.ranks.push_back(e.rank);
+        std::push_heap(st.ranks.begin(), st.ranks.end(), rank_after);
+      }
+      b.push_back({pos, e.merged});
+    }
+  };
+  for (size_t i = 0; i + 1 < s.size(); ++i) push(static_cast<int32_t>(i), s[i].id, s[i + 1].id);
+  while (!st.ranks.empty() && !fallback) {
+    std::pop_heap(st.ranks.begin(), st.ranks.end(), rank_after);
+    current = st.ranks.back();
+    st.ranks.pop_back();
+    std::vector<Entry>& b = st.buckets[current];
+    std::sort(b.begin(), b.end(), [](const Entry& x, const Entry& y) { return x.pos < y.pos; });
+    size_t k = 0;
+    while (!fallback) {
+      Entry c;
+      if (!st.urgent.empty() && (k >= b.size() || st.urgent.front().pos < b[k].pos)) {
+        std::pop_heap(st.urgent.begin(), st.urgent.end(), pos_after);
+        c = st.urgent.back();
+        st.urgent.pop_back();
+      } else if (k < b.size()) {
+        c = b[k++];
+      } else {
+        break;
+      }
+      apply_candidate(merge_table_, s, c.pos, c.merged, push);
+    }
+    if (fallback) {  // hand everything left to the heap
+      for (size_t j = k; j < b.size(); ++j) heap.push_back({current, b[j].pos, b[j].merged});
+      for (const Entry& u : st.urgent) heap.push_back({current, u.pos, u.merged});
+      for (int32_t r : st.ranks) {
+        for (const Entry& x : st.buckets[r]) heap.push_back({r, x.pos, x.merged});
+        st.buckets[r].clear();
+      }
+      st.ranks.clear();
+      st.urgent.clear();
+    }
+    b.clear();
+  }
+  if (fallback) run_heap(merge_table_, s, heap);
+}
+
+void BpeModel::encode_uncached_for_test(std::string_view piece, bool long_path, std::vector<Id>* out) const {
+  std::vector<Symbol> syms;
   initial_symbols(piece, &syms);
-  merge_all(&syms);
-  const size_t start = out->size();
+  if (long_path) {
+    merge_all_long(&syms);
+  } else {
+    merge_all(&syms);
+  }
   for (const Symbol& sym : syms) {
     if (sym.len != 0) out->push_back(sym.id);
   }
-  if (cacheable) cache_.insert(piece, out->data() + start, out->size() - start);
+}
+
+void BpeModel::encode_uncached(std::string_view piece, std::vector<Id>* out) const {
+  thread_local std::vector<Symbol> syms;
+  initial_symbols(piece, &syms);
+  if (syms.size() >= kLongWordSymbols) {
+    merge_all_long(&syms);
+  } else {
+    merge_all(&syms);
+  }
+  for (const Symbol& sym : syms) {
+    if (sym.len != 0) out->push_back(sym.id);
+  }
 }
 
 }  // namespace fathom::tok

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -64,24 +63,37 @@ class MergeTable {
   size_t mask_ = 0, size_ = 0;
 };
 
-class WordCache {
+// A word -> ids cache owned by one thread for one model: open addressing on a 64-bit hash, keys
+// and ids in flat arenas, no locks. When half full it starts over (results never depend on it).
+class FlatWordCache {
  public:
-  explicit WordCache(size_t capacity = 1 << 16);
-  bool lookup(std::string_view word, std::vector<Id>* out) const;  // appends on a hit
-  void insert(std::string_view word, const Id* ids, size_t n) const;
-  int64_t hits() const;
-  int64_t misses() const;
+  FlatWordCache();
+  void reset();
+  bool lookup(std::string_view word, uint64_t hash, std::vector<Id>* out) const;  // appends on a hit
+  void insert(std::string_view word, uint64_t hash, const Id* ids, size_t n);
 
  private:
-  static constexpr int kShards = 16;
-  struct Shard {
-    mutable std::mutex mu;
-    std::unordered_map<std::string, std::vector<Id>, StringHash, std::equal_to<>> map;
-    int64_t hits = 0, misses = 0;
+  static constexpr size_t kSlots = size_t{1} << 15;
+  struct Slot {
+    uint64_t hash = 0;  // 0: empty (stored hashes have the low bit set)
+    uint32_t key_off = 0, ids_off = 0;
+    uint16_t key_len = 0, n_ids = 0;
   };
-  size_t capacity_per_shard_;
-  mutable std::array<Shard, kShards> shards_;
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<Id> ids_;
+  size_t used_ = 0;
 };
+
+// One symbol of a word being merged: a doubly linked list over an array; len 0 marks a symbol
+// merged into its left neighbour.
+struct BpeSymbol {
+  Id id;
+  int32_t prev, next;
+  uint32_t len;
+};
+// Words with at least this many symbols use the bucket queue (merge_all_long).
+inline constexpr size_t kLongWordSymbols = 2048;
 
 struct BpeOptions {
   std::string unk_token;  // "" = none
@@ -100,8 +112,25 @@ class BpeModel {
       StringIdMap vocab, const std::vector<std::pair<std::string, std::string>>& merges,
       const BpeOptions& options, bool byte_level);
 
-  // Appends the ids of one pre-tokenized piece (raw bytes when byte_level, else UTF-8 text).
-  void encode_piece(std::string_view piece, std::vector<Id>* out) const;
+  // Encoding state for one call on one thread: this thread's word cache for the model.
+  class Session {
+   public:
+    explicit Session(const BpeModel& model);
+    ~Session();
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+    // Appends the ids of one pre-tokenized piece (raw bytes when byte_level, else UTF-8 text).
+    void encode_piece(std::string_view piece, std::vector<Id>* out);
+
+   private:
+    const BpeModel& model_;
+    FlatWordCache* cache_;
+    int64_t hits_ = 0, misses_ = 0;
+  };
+
+  // The merge loop without the cache; `long_path` forces the long-word bucket queue (tests compare
+  // both paths).
+  void encode_uncached_for_test(std::string_view piece, bool long_path, std::vector<Id>* out) const;
 
   const StringIdMap& vocab() const { return vocab_; }
   // Token string of a model id ("" and false when the id has none).
@@ -110,17 +139,16 @@ class BpeModel {
   const std::vector<std::pair<Id, Id>>& merges() const { return merge_list_; }
   const BpeOptions& options() const { return options_; }
   bool byte_level() const { return byte_level_; }
-  const WordCache& cache() const { return cache_; }
+  int64_t cache_hits() const { return hits_.load(std::memory_order_relaxed); }
+  int64_t cache_misses() const { return misses_.load(std::memory_order_relaxed); }
 
  private:
   BpeModel() = default;
-  struct Symbol {
-    Id id;
-    int32_t prev, next;
-    uint32_t len;
-  };
+  using Symbol = BpeSymbol;
   void initial_symbols(std::string_view piece, std::vector<Symbol>* syms) const;
   void merge_all(std::vector<Symbol>* syms) const;
+  void merge_all_long(std::vector<Symbol>* syms) const;
+  void encode_uncached(std::string_view piece, std::vector<Id>* out) const;
 
   StringIdMap vocab_;
   std::vector<std::string> id_to_token_;
@@ -133,7 +161,8 @@ class BpeModel {
   Id unk_id_ = -1;
   BpeOptions options_;
   bool byte_level_ = false;
-  WordCache cache_;
+  uint64_t uid_ = 0;  // identifies this model in the per-thread cache registry
+  mutable std::atomic<int64_t> hits_{0}, misses_{0};
 };
 
 }  // namespace fathom::tok

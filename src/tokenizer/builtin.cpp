@@ -14,7 +14,7 @@ namespace {
 
 constexpr int32_t kBuiltinVocabSize = 4096;
 constexpr uint64_t kBuiltinSeed = 0x5EED'F47'0000ull;
-constexpr size_t kBuiltinCorpusBytes = 192 * 1024;
+constexpr size_t kBuiltinCorpusBytes = 320 * 1024;
 
 const char* const kSeedSentences[] = {
     "The quick brown fox jumps over the lazy dog while the model predicts the next token.",
@@ -50,10 +50,27 @@ const char* const kSeedSentences[] = {
 };
 
 const char* const kWords[] = {
-    "token",  "model",     "expert", "layer",  "cache",  "tensor", "batch",  "request", "server", "weight",
-    "latent", "attention", "gate",   "router", "kernel", "shard",  "buffer", "stream",  "prefix", "sequence",
-    "the",    "a",         "of",     "and",    "to",     "in",     "is",     "for",     "with",   "on",
-    "that",   "by",        "this",   "from",   "we",     "it",     "as",     "are",     "be",     "new"};
+    "token",     "model",   "expert",  "layer",     "cache",   "tensor",  "batch",     "request",
+    "server",    "weight",  "latent",  "attention", "gate",    "router",  "kernel",    "shard",
+    "buffer",    "stream",  "prefix",  "sequence",  "the",     "a",       "of",        "and",
+    "to",        "in",      "is",      "for",       "with",    "on",      "that",      "by",
+    "this",      "from",    "we",      "it",        "as",      "are",     "be",        "new",
+    "time",      "people",  "year",    "way",       "day",     "thing",   "world",     "life",
+    "hand",      "part",    "child",   "place",     "work",    "week",    "case",      "point",
+    "number",    "group",   "problem", "fact",      "good",    "first",   "last",      "long",
+    "great",     "little",  "own",     "other",     "old",     "right",   "big",       "high",
+    "different", "small",   "large",   "next",      "early",   "young",   "important", "public",
+    "bad",       "same",    "able",    "make",      "know",    "take",    "see",       "come",
+    "think",     "look",    "want",    "give",      "use",     "find",    "tell",      "ask",
+    "seem",      "feel",    "try",     "leave",     "call",    "should",  "would",     "could",
+    "because",   "about",   "between", "through",   "during",  "without", "before",    "after",
+    "under",     "around",  "among",   "function",  "return",  "value",   "string",    "integer",
+    "memory",    "thread",  "process", "network",   "matrix",  "vector",  "gradient",  "training",
+    "inference", "compute", "storage", "schedule",  "pipeline"};
+const char* const kSyllables[] = {"ka",  "ter",  "on",  "mi",  "sta", "ble",  "ing",  "re",
+                                  "pro", "tion", "al",  "de",  "com", "ex",   "ly",   "ment",
+                                  "ver", "ous",  "ize", "ful", "pre", "un",   "dis",  "ar",
+                                  "en",  "est",  "ic",  "ity", "man", "port", "sion", "tri"};
 
 std::string generate_corpus() {
   Rng rng(kBuiltinSeed);
@@ -68,10 +85,15 @@ std::string generate_corpus() {
         out += kSeedSentences[rng.below(n_seed)];
         out += '\n';
         break;
-      case 1: {  // a generated sentence
+      case 1: {  // a generated sentence of real and made-up words
         const uint64_t n = 4 + rng.below(12);
         for (uint64_t k = 0; k < n; ++k) {
-          std::string w = kWords[rng.below(n_words)];
+          std::string w;
+          if (rng.below(2) == 0) {
+            for (uint64_t m = 1 + rng.below(4); m > 0; --m) w += kSyllables[rng.below(std::size(kSyllables))];
+          } else {
+            w = kWords[rng.below(n_words)];
+          }
           if (k == 0) w[0] = static_cast<char>(w[0] - 32 * (w[0] >= 'a' && w[0] <= 'z'));
           out += (k ? " " : "") + w;
         }

@@ -106,9 +106,9 @@ Status Tokenizer::Impl::finish() {
 }
 
 Status Tokenizer::Impl::encode_section(std::string_view text, bool first, bool untrusted,
-                                       std::vector<TokenId>* out) const {
+                                       tok::BpeModel::Session* bpe, std::vector<TokenId>* out) const {
   auto emit_piece = [&](std::string_view piece) -> Status {
-    model->encode_piece(piece, out);
+    bpe->encode_piece(piece, out);
     return {};
   };
   auto on_token = [&](int32_t id) { out->push_back(id); };
@@ -162,10 +162,11 @@ Status Tokenizer::encode_into(std::string_view text, const EncodeOptions& option
   TRY(tok::validate_utf8(text, "encode"));
   const Impl& m = *impl_;
   if (options.add_special) out->insert(out->end(), m.prefix_ids.begin(), m.prefix_ids.end());
+  tok::BpeModel::Session bpe(*m.model);
   TRY(m.raw_matcher.split(
       text, options.untrusted,
       [&](std::string_view run, size_t off) {
-        return m.encode_section(run, off == 0, options.untrusted, out);
+        return m.encode_section(run, off == 0, options.untrusted, &bpe, out);
       },
       [&](int32_t id) { out->push_back(id); }));
   if (options.add_special) out->insert(out->end(), m.suffix_ids.begin(), m.suffix_ids.end());
@@ -275,7 +276,7 @@ const std::string& Tokenizer::chat_template() const {
 }
 
 TokenizerStats Tokenizer::stats() const {
-  return {impl_->model->cache().hits(), impl_->model->cache().misses()};
+  return {impl_->model->cache_hits(), impl_->model->cache_misses()};
 }
 
 // ---- StreamDecoder ----

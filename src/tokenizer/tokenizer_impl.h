@@ -41,7 +41,8 @@ struct Tokenizer::Impl {
   bool is_special(TokenId id) const;
   // Fills added_index_by_id, matchers, types, chat ids, the fast decode table, vocab_size.
   Status finish();
-  Status encode_section(std::string_view text, bool first, bool untrusted, std::vector<TokenId>* out) const;
+  Status encode_section(std::string_view text, bool first, bool untrusted, tok::BpeModel::Session* bpe,
+                        std::vector<TokenId>* out) const;
 };
 
 namespace tok {

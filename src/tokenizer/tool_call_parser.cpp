@@ -46,6 +46,18 @@ std::pair<size_t, std::string_view> find_first(std::string_view s,
   return best;
 }
 
+// Bytes at the end of s that start a UTF-8 sequence not complete yet (held back so that every
+// delta is whole characters).
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t k = 1; k <= 3 && k <= s.size(); ++k) {
+    const auto b = static_cast<unsigned char>(s[s.size() - k]);
+    if ((b & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    return len > k ? k : 0;
+  }
+  return 0;
+}
+
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\r' || c == '\t';
 }
@@ -113,7 +125,8 @@ void ToolCallParser::close_call(bool complete, ParserDelta* /*out*/) {
 bool ToolCallParser::step_content(bool at_end, ParserDelta* out) {
   auto [p, marker] = find_first(buf_, {kCallsBegin, kCallBegin});
   if (p == std::string::npos) {
-    const size_t hold = at_end ? 0 : held_suffix(buf_, {kCallsBegin, kCallBegin});
+    const size_t hold =
+        at_end ? 0 : std::max(held_suffix(buf_, {kCallsBegin, kCallBegin}), incomplete_utf8_tail(buf_));
     emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
     buf_.erase(0, buf_.size() - hold);
     return false;
@@ -222,23 +235,23 @@ bool ToolCallParser::step_args(bool at_end, ParserDelta* out) {
   if (p == std::string::npos) {
     static const std::string kFenceEnd = std::string("\n```") + std::string(kCallEnd);
     static const std::string kFenceEnd2 = std::string("```") + std::string(kCallEnd);
-    const size_t hold =
-        at_end
-            ? 0
-            : held_suffix(buf_, {kFenceEnd, kFenceEnd2, kCallEnd, kCallBegin, kCallsEnd, kCallsBegin, kEos});
+    const size_t hold = at_end ? 0
+                               : std::max(held_suffix(buf_, {kFenceEnd, kFenceEnd2, kCallEnd, kCallBegin,
+                                                             kCallsEnd, kCallsBegin, kEos}),
+                                          incomplete_utf8_tail(buf_));
     emit_args(std::string_view(buf_).substr(0, buf_.size() - hold), out);
     buf_.erase(0, buf_.size() - hold);
     if (at_end) close_call(/*complete=*/false, out);
     return false;
   }
   std::string_view args = std::string_view(buf_).substr(0, p);
-  if (args.ends_with("\n```")) {
+  const bool complete = marker == kCallEnd;
+  if (complete && args.ends_with("\n```")) {  // the closing fence (held back while streaming)
     args.remove_suffix(4);
-  } else if (args.ends_with("```")) {
+  } else if (complete && args.ends_with("```")) {
     args.remove_suffix(3);
   }
   emit_args(args, out);
-  const bool complete = marker == kCallEnd;
   buf_.erase(0, complete ? p + marker.size() : p);  // other markers are parsed by the next state
   close_call(complete, out);
   if (marker == kCallsBegin || marker == kEos) state_ = State::kContent;
