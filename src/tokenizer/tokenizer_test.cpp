@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "base/rng.h"
 #include "tokenizer/unicode.h"
@@ -327,6 +329,38 @@ TEST(Tokenizer, RejectsInvalidUtf8Input) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("invalid UTF-8 at byte offset 2"), std::string::npos)
       << r.status().message();
+}
+
+TEST(Tokenizer, EncodesTheSameFromManyThreadsAtOnce) {
+  auto tok = Tokenizer::from_builtin();
+  ASSERT_TRUE(tok.ok());
+  Rng rng(fresh_seed());
+  std::vector<std::string> texts;
+  const char* parts[] = {"alpha ", "beta",  " gamma!",    "中文", "🙂",
+                         "\n\n",   "12345", "<｜User｜>", "x_y",  "  "};
+  for (int k = 0; k < 300; ++k) {
+    std::string s;
+    for (uint64_t i = 1 + rng.below(20); i > 0; --i) s += parts[rng.below(std::size(parts))];
+    texts.push_back(s);
+  }
+  std::vector<std::vector<TokenId>> want;
+  for (const auto& t : texts) want.push_back((*tok)->encode(t).value());
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i * 7 + static_cast<size_t>(th)) % texts.size();
+          auto ids = (*tok)->encode(texts[k]);
+          if (!ids.ok() || *ids != want[k]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_GT((*tok)->stats().cache_hits, 0);
 }
 
 TEST(Builtin, CarriesDeepSeekV3TokensPreTokenizerAndChatTemplate) {

@@ -258,3 +258,50 @@ TEST(TokenizerReference, VocabDataRebuildEncodesExactlyLikeTheTokenizerJson) {
 
 }  // namespace
 }  // namespace fathom
+
+namespace fathom {
+namespace {
+
+// Trains with the CLI, loads the result in Fathom and in the npm reference, and compares both on
+// the corpus, with and without special tokens.
+void expect_reference_agrees(const std::string& dir, const std::vector<std::string>& texts) {
+  auto tok = Tokenizer::from_files(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  for (bool special : {false, true}) {
+    const json ref = test::run_reference("encode", {{"texts", texts},
+                                                    {"add_special", special},
+                                                    {"tokenizer_json", dir + "/tokenizer.json"},
+                                                    {"tokenizer_config", dir + "/tokenizer_config.json"}});
+    ASSERT_FALSE(ref.is_null());
+    expect_same_ids(**tok, texts, ref, {.add_special = special});
+    for (size_t i = 0; i < texts.size() && !special; ++i) {
+      EXPECT_EQ(ref["decoded"][i].get<std::string>(), texts[i])
+          << "the reference does not round-trip text " << i;
+    }
+  }
+}
+
+TEST(TokenizerReference, TrainedTokenizerLoadsInTheNpmReferenceAndAgrees) {
+  ASSERT_TRUE(test::npm_reference_installed());
+  test::TempDir dir;
+  std::vector<std::string> args = {
+      test::fathom_bin(),          "tokenizer", "train", "--vocab-size", "1500", "--out",
+      dir.path + "/tokenizer.json"};
+  for (const char* f : {"english", "code", "cjk", "world", "emoji"}) {
+    args.push_back(test::source_dir() + "/tests/tokenizer/corpus/" + f + ".txt");
+  }
+  const test::ProcessResult r = test::run_process(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_reference_agrees(dir.path, test::build_corpus(fresh_seed(), 150));
+}
+
+TEST(TokenizerReference, BuiltinTokenizerAgreesWithTheNpmReference) {
+  ASSERT_TRUE(test::npm_reference_installed());
+  test::TempDir dir;
+  test::write_text(dir.path + "/tokenizer.json", builtin_tokenizer_json());
+  test::write_text(dir.path + "/tokenizer_config.json", builtin_tokenizer_config_json());
+  expect_reference_agrees(dir.path, test::build_corpus(fresh_seed(), 150));
+}
+
+}  // namespace
+}  // namespace fathom

@@ -27,8 +27,13 @@ inline std::string env_or(const char* name, const char* def) {
   const char* v = std::getenv(name);
   return v && *v ? v : def;
 }
+// FATHOM_SOURCE_DIR from the environment, else the source tree this test was built from.
 inline std::string source_dir() {
+#ifdef FATHOM_TEST_SOURCE_DIR
+  return env_or("FATHOM_SOURCE_DIR", FATHOM_TEST_SOURCE_DIR);
+#else
   return env_or("FATHOM_SOURCE_DIR", ".");
+#endif
 }
 inline std::string fathom_bin() {
   return env_or("FATHOM_BIN", "build/bin/fathom");
@@ -235,6 +240,13 @@ inline std::vector<std::string> build_corpus(uint64_t seed, size_t n_random = 30
     for (int i = 0; i < 700; ++i) s += c;
     texts.push_back(s);
   }
+  // Words long enough for the long-word merge path (one pre-token of thousands of symbols).
+  std::string letters, cjk;
+  for (int i = 0; i < 5000; ++i) letters.push_back(static_cast<char>('a' + rng.below(26)));
+  for (int i = 0; i < 3000; ++i) tok::utf8_append(&cjk, 0x4E00 + static_cast<char32_t>(rng.below(0x51A5)));
+  texts.push_back(letters);
+  texts.push_back(cjk);
+  texts.push_back(std::string(4000, 'z') + " tail");
   // Special-token strings inside text, whole and broken.
   for (const std::string& t : deepseek_special_strings()) {
     texts.push_back("before" + t + "after");
