@@ -3,6 +3,7 @@
 // supported"); nlohmann exceptions never escape.
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/json_sax.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 
@@ -353,26 +354,22 @@ Status parse_merges(const Json& m, std::vector<std::pair<std::string, std::strin
   return {};
 }
 
-Result<std::unique_ptr<BpeModel>> parse_model(const Json& j, bool byte_level) {
+Result<std::unique_ptr<BpeModel>> parse_model(ParsedTokenizerJson& parsed, bool byte_level) {
+  const Json& j = parsed.dom;
   auto mit = j.find("model");
   if (mit == j.end() || !mit->is_object())
     return invalid_argument("tokenizer.json: missing 'model' (an object)");
   const Json& m = *mit;
   const std::string type = TRY(get_string(m, "model", "type", std::string("BPE")));
   if (type != "BPE") return unsupported("model", type, "BPE");
-  auto vit = m.find("vocab");
-  if (vit == m.end() || !vit->is_object())
-    return invalid_argument("tokenizer.json: missing 'model.vocab' (an object)");
-  StringIdMap vocab;
-  vocab.reserve(vit->size());
-  for (auto it = vit->begin(); it != vit->end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return invalid_argument("tokenizer.json: model.vocab['{}'] must be an integer id", it.key());
-    }
-    vocab.emplace(it.key(), it.value().get<Id>());
-  }
+  if (!parsed.vocab) return invalid_argument("tokenizer.json: missing 'model.vocab' (an object)");
+  StringIdMap vocab = std::move(*parsed.vocab);
   std::vector<std::pair<std::string, std::string>> merges;
-  TRY(parse_merges(m, &merges));
+  if (parsed.merges) {
+    merges = std::move(*parsed.merges);
+  } else {
+    TRY(parse_merges(m, &merges));  // absent, null, or not an array (an error)
+  }
   BpeOptions o;
   if (auto u = m.find("unk_token"); u != m.end() && u->is_string()) o.unk_token = u->get<std::string>();
   o.fuse_unk = TRY(get_bool(m, "model", "fuse_unk", false));
@@ -481,8 +478,8 @@ Status apply_config(std::string_view config_text, Tokenizer::Impl* impl) {
 }
 
 Result<std::unique_ptr<Tokenizer::Impl>> load(std::string_view tokenizer_json, std::string_view config_json) {
-  Json j = Json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("tokenizer.json: not valid JSON");
+  ParsedTokenizerJson parsed = TRY(parse_tokenizer_json_text(tokenizer_json));
+  const Json& j = parsed.dom;
   if (!j.is_object()) return invalid_argument("tokenizer.json: the top level must be an object");
   auto impl = std::make_unique<Tokenizer::Impl>();
   auto get = [&](const char* key) -> const Json& {
@@ -493,7 +490,7 @@ Result<std::unique_ptr<Tokenizer::Impl>> load(std::string_view tokenizer_json, s
   TRY(parse_normalizer(get("normalizer"), "normalizer", &impl->normalizer));
   TRY(parse_pre_tokenizer(get("pre_tokenizer"), "pre_tokenizer", &impl->pre_tokenizer));
   TRY(parse_decoder(get("decoder"), "decoder", &impl->decoder));
-  impl->model = TRY(parse_model(j, impl->pre_tokenizer.byte_level));
+  impl->model = TRY(parse_model(parsed, impl->pre_tokenizer.byte_level));
   TRY(parse_added_tokens(j, &impl->added));
   TRY(parse_post_processor(get("post_processor"), "post_processor", impl->model->vocab(), &impl->prefix_ids,
                            &impl->suffix_ids));

@@ -303,6 +303,10 @@ TEST(Tokenizer, MalformedTokenizerJsonGivesErrorsNamingTheProblem) {
        },
        "id 300 is used twice"},
       {"not an object", [](json& j) { j = json::array(); }, "top level must be an object"},
+      {"merge pair of one", [](json& j) { j["model"]["merges"] = json::array({json::array({"h"})}); },
+       "model.merges[0] must be"},
+      {"merges not an array", [](json& j) { j["model"]["merges"] = 5; }, "'model.merges' must be an array"},
+      {"vocab id out of range", [](json& j) { j["model"]["vocab"]["Ġ"] = -4; }, "id -4 out of range"},
   };
   for (const BadCase& c : cases) {
     json j = make_json({{"h", "i"}});
@@ -320,6 +324,21 @@ TEST(Tokenizer, MalformedTokenizerJsonGivesErrorsNamingTheProblem) {
   auto missing = Tokenizer::from_files("/nonexistent/dir/tokenizer.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(Tokenizer, ReadsMergesAsStringsOrPairs) {
+  json strings = make_json({{"h", "i"}, {"hi", "!"}});
+  json pairs = strings;
+  json list = json::array();
+  for (const json& m : strings["model"]["merges"]) {
+    const std::string s = m.get<std::string>();
+    list.push_back({s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)});
+  }
+  pairs["model"]["merges"] = list;
+  auto a = load(strings), b = load(pairs);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(*a->encode("hi! hi!"), *b->encode("hi! hi!"));
+  EXPECT_EQ(*a->encode("hi!"), (std::vector<TokenId>{256, '!'}));  // the regex splits "hi" from "!"
 }
 
 TEST(Tokenizer, RejectsInvalidUtf8Input) {

@@ -27,7 +27,8 @@ const std::vector<PreTokenizerPreset>& pre_tokenizer_presets() {
     };
     const std::vector<std::string> deepseek_llm = {
         "[\r\n]",
-        "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-"
+        "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-"
+        "ᲺᲽ-"
         "Ჿᴀ-"
         "ᴫᵫ-"
         "ᵷᵹ-"
