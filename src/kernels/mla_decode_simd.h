@@ -22,10 +22,6 @@
 
 #include "kernels/mla_decode_impl.h"
 
-// Register tiles are arrays indexed by compile-time loops; they must be fully unrolled to stay
-// in registers.
-#define MLA_UNROLL _Pragma("GCC unroll 32")
-
 namespace fathom::internal {
 namespace {  // NOLINT(build/namespaces): one private copy per ISA translation unit
 
@@ -190,6 +186,22 @@ struct MlaRows {
   int64_t stride = 0;  // bytes between tokens
 };
 
+// The next page's bytes, asked for a slice at a time while this page is computed, into L2 (a
+// 72 KiB page does not fit L1 next to the current one): at few heads a page takes only a few
+// microseconds of arithmetic, and one burst of a thousand prefetches would stall on the miss queue.
+struct MlaPrefetch {
+  const uint8_t* ptr = nullptr;
+  int64_t bytes = 0;
+  // Issues slice `i` of `n` (cache lines split evenly).
+  void slice(int i, int n) const {
+    const int64_t lines = (bytes + 63) / 64, per = (lines + n - 1) / n;
+    const int64_t end = std::min(lines, (i + 1) * per);
+    for (int64_t l = i * per; l < end; ++l) {
+      _mm_prefetch(reinterpret_cast<const char*>(ptr + l * 64), _MM_HINT_T1);
+    }
+  }
+};
+
 // One page of online softmax over S (scores [nt][sstride], lanes = rows) in place: S becomes
 // P = 2^(c*s - m_new) (0 for hidden keys), and m, l, alpha are updated per row. With kRoundP, P is
 // rounded to bf16 before it is summed, so the sum matches the bf16 P the PV GEMM multiplies.
@@ -257,16 +269,20 @@ void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
     const int nt = static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
     if (nt <= 0) break;
     const int64_t id = p.block_table[a.seq * p.max_pages + page];
+    MlaPrefetch next;
+    if (page + 1 < a.page_end && (page + 1) * T < L) {
+      next.ptr = p.cache.data + p.block_table[a.seq * p.max_pages + page + 1] * p.cache.page_stride_bytes;
+      next.bytes = std::min<int64_t>(T, L - (page + 1) * T) * f.token_bytes();
+    }
     const MlaRows k = Isa::load_page(f, p.cache.data + id * p.cache.page_stride_bytes, nt, s);
-    Isa::qk(k, nt, rb_count, D, sstride, s);
+    Isa::qk(k, nt, rb_count, D, dl, sstride, s, next);
     mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
     Isa::pv(k, nt, R, dl, sstride, s);
   }
   for (int r = 0; r < R; ++r) {
     const float l = s.l[r], inv = l > 0 ? 1.0f / l : 0.0f;
     const float* o = s.o + int64_t{r} * dl;
-    float* out = a.out + int64_t{r} * dl;
-    for (int j = 0; j < dl; ++j) out[j] = o[j] * inv;
+    Isa::finish_row(o, inv, dl, a.out + int64_t{r} * dl);
     a.lse[r] = l > 0 ? (s.m[r] + std::log2(l)) * kMlaLn2 : kMlaNegInf;
   }
 }
@@ -341,20 +357,28 @@ struct MlaF32Kernels {
         __builtin_trap();
       } else {
         F acc[M][N];
-        MLA_UNROLL for (int i = 0; i < M; ++i) MLA_UNROLL for (int j = 0; j < N; ++j) acc[i][j] = V::zero();
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = V::zero();
         const float* k = c.k + t0 * c.D;
         const float* q = c.q + rb0 * c.D * W;
         for (int64_t d = 0; d < c.D; ++d) {
           F b[N];
-          MLA_UNROLL for (int j = 0; j < N; ++j) b[j] = V::load(q + (j * c.D + d) * W);
-          MLA_UNROLL for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) b[j] = V::load(q + (j * c.D + d) * W);
+#pragma GCC unroll 32
+          for (int i = 0; i < M; ++i) {
             const F a = V::set1(k[i * c.D + d]);
-            MLA_UNROLL for (int j = 0; j < N; ++j) acc[i][j] = V::fmadd(a, b[j], acc[i][j]);
+#pragma GCC unroll 32
+            for (int j = 0; j < N; ++j) acc[i][j] = V::fmadd(a, b[j], acc[i][j]);
           }
         }
         float* s = c.s + t0 * c.sstride + rb0 * W;
-        MLA_UNROLL for (int i = 0; i < M; ++i) MLA_UNROLL for (int j = 0; j < N; ++j)
-            V::store(s + i * c.sstride + j * W, acc[i][j]);
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) V::store(s + i * c.sstride + j * W, acc[i][j]);
       }
     }
   };
@@ -365,22 +389,29 @@ struct MlaF32Kernels {
         __builtin_trap();
       } else {
         F acc[M][N];
-        MLA_UNROLL for (int i = 0; i < M; ++i) MLA_UNROLL for (int j = 0; j < N; ++j) acc[i][j] = V::zero();
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = V::zero();
         const float* v = c.k + cb0 * W;
         const float* pcol = c.s + r0;
         for (int t = 0; t < c.nt; ++t) {
           F b[N];
-          MLA_UNROLL for (int j = 0; j < N; ++j) b[j] = V::load(v + t * c.D + j * W);
-          MLA_UNROLL for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) b[j] = V::load(v + t * c.D + j * W);
+#pragma GCC unroll 32
+          for (int i = 0; i < M; ++i) {
             const F a = V::set1(pcol[t * c.sstride + i]);
-            MLA_UNROLL for (int j = 0; j < N; ++j) acc[i][j] = V::fmadd(a, b[j], acc[i][j]);
+#pragma GCC unroll 32
+            for (int j = 0; j < N; ++j) acc[i][j] = V::fmadd(a, b[j], acc[i][j]);
           }
         }
-        MLA_UNROLL for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i) {
           const F al = V::set1(c.alpha[r0 + i]);
           float* o = c.o + (r0 + i) * c.dl + cb0 * W;
-          MLA_UNROLL for (int j = 0; j < N; ++j)
-              V::store(o + j * W, V::fmadd(V::load(o + j * W), al, acc[i][j]));
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) V::store(o + j * W, V::fmadd(V::load(o + j * W), al, acc[i][j]));
         }
       }
     }
@@ -400,10 +431,15 @@ struct MlaF32Isa {
     return a;
   }();
   static void pack_q(const float* q, int R, int D, MlaScratch& s) { mla_f32_pack_q<V>(q, R, D, s); }
+  static void finish_row(const float* o, float inv, int dl, float* out) {
+    for (int j = 0; j < dl; j += V::kLanes) V::store(out + j, V::mul(V::load(o + j), V::set1(inv)));
+  }
   static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
     return mla_f32_load_page<V>(f, page, nt, s);
   }
-  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+  static void qk(MlaRows k, int nt, int rb_count, int D, int /*dl*/, int64_t sstride, MlaScratch& s,
+                 const MlaPrefetch& next) {
+    next.slice(0, 1);
     const typename K::QkCtx ctx{reinterpret_cast<const float*>(k.ptr), s.q, s.s, D, sstride};
     MlaTiler<K::template Qk, MMAX, NMAX, typename K::QkCtx>::run(nt, rb_count, kStep, ctx);
   }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -357,6 +358,50 @@ TEST(MlaDecode, EmptySequencesGiveZeroOutputAndInfiniteLse) {
     ASSERT_TRUE((*dec)->decode(pr.params()).ok());
     for (float x : pr.out) ASSERT_EQ(x, 0.0f);
     for (float x : pr.lse) ASSERT_EQ(x, kInf);
+  }
+}
+
+// With one cached token the softmax weight is exactly 1, so out must equal the stored latent
+// bit for bit: every e4m3 code (but NaN) under power-of-two scales from tiny to large is decoded
+// exactly by every path. A scale that is not a power of two (not written by the cache, but a page
+// could be imported) is exact on the f32 paths and rounded to bf16 on the BF16 path.
+TEST(MlaDecode, SingleTokenOutputIsTheStoredLatentExactly) {
+  const MlaKvFormat f = v3_format(MlaKvDType::kFP8);
+  const float scales[][4] = {{1.0f, 0x1p-20f, 0x1p40f, 0x1p-90f}, {0.37f, 1.0f, 3.0e5f, 0x1p-3f}};
+  for (const auto& sc : scales) {
+    std::vector<uint8_t> pool(static_cast<size_t>(f.page_bytes()), 0xff);
+    for (int i = 0; i < f.d_latent; ++i) {
+      uint8_t code = static_cast<uint8_t>(i % 256);
+      if ((code & 0x7f) == 0x7f) code ^= 1;  // no NaN codes
+      pool[static_cast<size_t>(i)] = code;
+    }
+    std::memcpy(pool.data() + f.scales_offset(), sc, sizeof(sc));
+    for (int i = 0; i < f.d_rope; ++i) {
+      const uint16_t h = f32_to_bf16(static_cast<float>(i) - 20.5f);
+      std::memcpy(pool.data() + f.rope_offset() + 2 * i, &h, 2);
+    }
+    std::vector<float> want(static_cast<size_t>(f.d_qk()));
+    mla_kv_decode_token(f, pool.data(), want.data());
+    std::vector<float> q(static_cast<size_t>(2 * f.d_qk()), 0.01f), out(static_cast<size_t>(2 * f.d_latent)), lse(2);
+    const int32_t table[] = {0}, lens[] = {1};
+    MlaDecodeParams p{.q = q.data(), .batch = 1, .s_q = 1, .heads = 2, .d_qk = f.d_qk(),
+                      .cache = {pool.data(), 1, f.page_bytes(), f}, .block_table = table, .max_pages = 1,
+                      .cache_seqlens = lens, .softmax_scale = 0.1f, .out = out.data(), .lse = lse.data()};
+    auto dec = MlaDecoder::create({.format = f, .max_batch = 1, .max_rows = 2});
+    ASSERT_TRUE(dec.ok());
+    const bool pow2 = sc[0] == 1.0f;
+    for (SimdLevel level : available_levels()) {
+      SimdCap cap(level);
+      ASSERT_TRUE((*dec)->decode(p).ok());
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < f.d_latent; ++c) {
+          float expect = want[static_cast<size_t>(c)];
+          if (!pow2 && level == SimdLevel::kAvx512Bf16) expect = bf16_to_f32(f32_to_bf16(expect));
+          ASSERT_EQ(out[static_cast<size_t>(h * f.d_latent + c)], expect)
+              << simd_level_name(level) << " column " << c << " code " << int{pool[static_cast<size_t>(c)]};
+        }
+      }
+    }
   }
 }
 

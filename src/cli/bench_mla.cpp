@@ -1,0 +1,242 @@
+// `fathom bench mla`: the MLA decode kernel over a paged latent cache (kvcache/) at serving shapes,
+// against this machine's roofline measured in the same run: memory bandwidth (read sweep) and
+// peak BF16 dot-product rate (kernels/roofline.h). roofline_fraction = max(bytes / bandwidth,
+// flops / peak) / time. The cache spans several layers whose total exceeds the last-level cache
+// and calls rotate over them, so every call streams its pages from memory. Also reports the KV
+// bytes per token per layer against a standard multi-head cache of the same model.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "base/progress.h"
+#include "base/rng.h"
+#include "base/strings.h"
+#include "base/timer.h"
+#include "cli/args.h"
+#include "cli/bench.h"
+#include "kernels/mla_decode.h"
+#include "kernels/roofline.h"
+#include "kvcache/kvcache.h"
+
+namespace fathom::cli {
+namespace {
+
+struct MlaBenchOptions {
+  int64_t batch = 32;
+  int64_t seqlen = 4096;
+  int heads = 16;
+  int s_q = 1;
+  bool causal = false;
+  std::string kv_dtype = "bf16";
+  int d_latent = 512;
+  int d_rope = 64;
+  int qk_nope = 128;  // for the multi-head comparison and the softmax scale
+  int v_head = 128;
+  int layers = 0;  // 0: enough for --working-set
+  std::string working_set = "600M";
+  double seconds = 3;
+  bool no_check = false;
+  bool json = false;
+};
+
+struct Setup {
+  std::unique_ptr<KvCache> cache;
+  std::vector<SeqId> seqs;
+  std::vector<int32_t> block_table, seqlens;
+  int64_t max_pages = 0;
+  std::vector<float> q, out, lse;
+};
+
+// Appends seqlen random tokens per sequence and writes N(0, 1) latents in every layer.
+Status fill_cache(const MlaBenchOptions& o, Setup& s, uint64_t seed) {
+  KvCache& c = *s.cache;
+  const int D = c.format().d_qk();
+  Rng rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(o.seqlen));
+  std::vector<float> values(static_cast<size_t>(o.seqlen) * D);
+  ProgressBar bar({.label = "filling the cache", .total = static_cast<uint64_t>(o.batch * c.n_layers()),
+                   .unit = ProgressUnit::kItems});
+  for (int64_t b = 0; b < o.batch; ++b) {
+    const SeqId id = TRY(c.add_sequence());
+    s.seqs.push_back(id);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(129280));
+    TRY(c.append(id, tokens));
+    for (int l = 0; l < c.n_layers(); ++l) {
+      for (auto& v : values) v = rng.uniform_f(-2.0f, 2.0f);
+      TRY(c.write(id, l, 0, values));
+      bar.add(1);
+    }
+  }
+  bar.finish();
+  return {};
+}
+
+Result<Setup> build_setup(const MlaBenchOptions& o, const MlaKvFormat& f) {
+  if (o.batch < 1 || o.seqlen < 1 || o.heads < 1 || o.s_q < 1) {
+    return invalid_argument("--batch, --seqlen, --heads and --s-q must be positive");
+  }
+  const uint64_t ws = TRY(parse_size(o.working_set, "--working-set"));
+  const int64_t pages_per_seq = (o.seqlen + f.page_tokens - 1) / f.page_tokens;
+  const int64_t layer_bytes = o.batch * pages_per_seq * f.page_bytes();
+  const int layers = o.layers > 0 ? o.layers : static_cast<int>(std::max<int64_t>(2, (ws + layer_bytes - 1) / layer_bytes));
+  Setup s;
+  s.cache = TRY(KvCache::create({.n_layers = layers, .format = f,
+                                 .model_fingerprint = kv_model_fingerprint("bench mla", ""),
+                                 .capacity_bytes = static_cast<uint64_t>(layer_bytes * layers),
+                                 .max_sequences = static_cast<int>(o.batch), .max_tokens_per_sequence = o.seqlen}));
+  TRY(fill_cache(o, s, 1234));
+  s.max_pages = pages_per_seq;
+  s.block_table.resize(static_cast<size_t>(o.batch * pages_per_seq));
+  s.seqlens.resize(static_cast<size_t>(o.batch));
+  TRY(s.cache->fill_batch(s.seqs, pages_per_seq, s.block_table.data(), s.seqlens.data()));
+  const int64_t rows = o.batch * o.s_q * o.heads;
+  Rng rng(99);
+  s.q.resize(static_cast<size_t>(rows * f.d_qk()));
+  for (auto& x : s.q) x = static_cast<float>(rng.normal());
+  s.out.resize(static_cast<size_t>(rows * f.d_latent));
+  s.lse.resize(static_cast<size_t>(rows));
+  return s;
+}
+
+MlaDecodeParams layer_params(const MlaBenchOptions& o, Setup& s, int layer) {
+  return {.q = s.q.data(), .batch = o.batch, .s_q = o.s_q, .heads = o.heads, .d_qk = o.d_latent + o.d_rope,
+          .cache = s.cache->layer_view(layer), .block_table = s.block_table.data(), .max_pages = s.max_pages,
+          .cache_seqlens = s.seqlens.data(),
+          .softmax_scale = 1.0f / std::sqrt(static_cast<float>(o.qk_nope + o.d_rope)), .causal = o.causal,
+          .out = s.out.data(), .lse = s.lse.data()};
+}
+
+// Sequence 0 of the last call against the scalar reference; returns the largest |difference|.
+Result<double> check_first_sequence(const MlaBenchOptions& o, Setup& s, int layer) {
+  MlaDecodeParams p = layer_params(o, s, layer);
+  p.batch = 1;
+  std::vector<float> out(static_cast<size_t>(o.s_q * o.heads * o.d_latent)), lse(static_cast<size_t>(o.s_q * o.heads));
+  p.out = out.data();
+  p.lse = lse.data();
+  TRY(mla_decode_reference(p));
+  double worst = 0;
+  for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(double{out[i]} - s.out[i]));
+  for (size_t i = 0; i < lse.size(); ++i) worst = std::max(worst, std::fabs(double{lse[i]} - s.lse[i]));
+  return worst;
+}
+
+struct Work {
+  double bytes = 0, flops = 0;
+};
+
+Work count_work(const MlaBenchOptions& o, const MlaKvFormat& f) {
+  Work w;
+  for (int64_t b = 0; b < o.batch; ++b) {
+    w.bytes += static_cast<double>(o.seqlen) * static_cast<double>(f.token_bytes());
+    for (int i = 0; i < o.s_q; ++i) {
+      const int64_t keys = o.causal ? std::max<int64_t>(0, o.seqlen - o.s_q + i + 1) : o.seqlen;
+      w.flops += 2.0 * static_cast<double>(keys) * o.heads * (f.d_qk() + f.d_latent);
+    }
+  }
+  const double rows = static_cast<double>(o.batch * o.s_q * o.heads);
+  w.bytes += rows * 4 * (f.d_qk() + f.d_latent + 1);  // q in, out and lse out
+  return w;
+}
+
+int run_mla(int argc, char** argv) {
+  MlaBenchOptions o;
+  Args args(argv[0], "MLA decode over the paged latent cache against the measured roofline.");
+  args.option("--batch", &o.batch, "sequences per call");
+  args.option("--seqlen", &o.seqlen, "cached tokens per sequence");
+  args.option("--heads", &o.heads, "attention heads (rows per sequence and query token)");
+  args.option("--s-q", &o.s_q, "query tokens per sequence (speculative verification > 1)");
+  args.flag("--causal", &o.causal, "causal mask for s_q > 1, aligned to the end");
+  args.option("--kv-dtype", &o.kv_dtype, "cache dtype: bf16|fp8", "DTYPE");
+  args.option("--d-latent", &o.d_latent, "kv_lora_rank");
+  args.option("--d-rope", &o.d_rope, "qk_rope_head_dim");
+  args.option("--qk-nope", &o.qk_nope, "qk_nope_head_dim (softmax scale, multi-head comparison)");
+  args.option("--v-head", &o.v_head, "v_head_dim (multi-head comparison)");
+  args.option("--layers", &o.layers, "layers of cache to rotate over (0: enough for --working-set)");
+  args.option("--working-set", &o.working_set, "smallest cache size to rotate over (> last-level cache)", "SIZE");
+  args.option("--seconds", &o.seconds, "time to spend in timed calls");
+  args.flag("--no-check", &o.no_check, "skip comparing sequence 0 with the scalar reference");
+  args.flag("--json", &o.json, "print one JSON object");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  auto dtype = parse_mla_kv_dtype(o.kv_dtype);
+  if (!dtype.ok()) return fail(args.command(), dtype.status());
+  const MlaKvFormat f{.d_latent = o.d_latent, .d_rope = o.d_rope, .dtype = *dtype, .page_tokens = 64};
+  if (Status st = f.validate(); !st.ok()) return fail(args.command(), st);
+  auto setup = build_setup(o, f);
+  if (!setup.ok()) return fail(args.command(), setup.status());
+  Setup& s = *setup;
+  ThreadPool& pool = default_pool();
+  auto decoder = MlaDecoder::create({.format = f, .max_batch = o.batch, .max_rows = o.s_q * o.heads, .pool = &pool});
+  if (!decoder.ok()) return fail(args.command(), decoder.status());
+  const int layers = s.cache->n_layers();
+  for (int l = 0; l < layers; ++l) {  // warm-up: one call per layer
+    if (Status st = (*decoder)->decode(layer_params(o, s, l)); !st.ok()) return fail(args.command(), st);
+  }
+  const MemoryBandwidth bw = measure_memory_bandwidth(pool);
+  const PeakCompute peak = measure_peak_compute(pool);
+  std::vector<double> times;
+  Timer total;
+  for (int64_t i = 0; total.elapsed_s() < o.seconds || i < 2 * layers; ++i) {
+    const int layer = static_cast<int>(i % layers);
+    Timer t;
+    if (Status st = (*decoder)->decode(layer_params(o, s, layer)); !st.ok()) return fail(args.command(), st);
+    times.push_back(t.elapsed_s());
+  }
+  const int last_layer = static_cast<int>((times.size() - 1) % static_cast<size_t>(layers));
+  double check_err = -1;
+  if (!o.no_check) {
+    auto err = check_first_sequence(o, s, last_layer);
+    if (!err.ok()) return fail(args.command(), err.status());
+    check_err = *err;
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2], best = sorted.front();
+  const Work w = count_work(o, f);
+  const double t_mem = w.bytes / (bw.read_gbs * 1e9), t_compute = w.flops / (peak.bf16_gflops * 1e9);
+  const double bound = std::max(t_mem, t_compute);
+  const int64_t mha_bytes = int64_t{o.heads} * (o.qk_nope + o.d_rope + o.v_head) * 2;
+  const int64_t working_set = layers * o.batch * s.max_pages * f.page_bytes();
+  if (o.json) {
+    nlohmann::json j = {{"bench", "mla"}, {"batch", o.batch}, {"seqlen", o.seqlen}, {"heads", o.heads},
+                        {"s_q", o.s_q}, {"causal", o.causal}, {"kv_dtype", mla_kv_dtype_name(f.dtype)},
+                        {"d_latent", f.d_latent}, {"d_rope", f.d_rope}, {"layers", layers},
+                        {"working_set_bytes", working_set}, {"threads", pool.size()},
+                        {"simd_level", simd_level_name(simd_level())}, {"calls", times.size()},
+                        {"seconds", median}, {"seconds_best", best}, {"bytes", w.bytes}, {"flops", w.flops},
+                        {"gbs", w.bytes / median * 1e-9}, {"gflops", w.flops / median * 1e-9},
+                        {"bandwidth_gbs", bw.read_gbs}, {"peak_gflops", peak.bf16_gflops},
+                        {"bound", t_compute >= t_mem ? "compute" : "memory"},
+                        {"roofline_fraction", bound / median}, {"roofline_fraction_best", bound / best},
+                        {"kv_bytes_per_token_per_layer", f.token_bytes()},
+                        {"mha_bytes_per_token_per_layer", mha_bytes},
+                        {"kv_compression", static_cast<double>(mha_bytes) / static_cast<double>(f.token_bytes())},
+                        {"check_max_abs_diff", check_err}};
+    print_json_line(j.dump());
+    return 0;
+  }
+  std::printf("mla decode: batch %lld, seqlen %lld, heads %d, s_q %d%s, kv %s (%d+%d), %d layers = %s, %d threads, %s\n",
+              static_cast<long long>(o.batch), static_cast<long long>(o.seqlen), o.heads, o.s_q,
+              o.causal ? " causal" : "", std::string(mla_kv_dtype_name(f.dtype)).c_str(), f.d_latent, f.d_rope, layers,
+              format_bytes(static_cast<uint64_t>(working_set)).c_str(), pool.size(),
+              std::string(simd_level_name(simd_level())).c_str());
+  std::printf("time:     %.3f ms per call (median of %zu), best %.3f ms\n", median * 1e3, times.size(), best * 1e3);
+  std::printf("achieved: %.1f GB/s, %.1f GFLOP/s\n", w.bytes / median * 1e-9, w.flops / median * 1e-9);
+  std::printf("machine:  read %.1f GB/s, bf16 peak %.1f GFLOP/s -> %s-bound, roofline fraction %.2f (best %.2f)\n",
+              bw.read_gbs, peak.bf16_gflops, t_compute >= t_mem ? "compute" : "memory", bound / median, bound / best);
+  std::printf("kv cache: %lld B per token per layer vs %lld B for multi-head attention (%.1fx smaller)\n",
+              static_cast<long long>(f.token_bytes()), static_cast<long long>(mha_bytes),
+              static_cast<double>(mha_bytes) / static_cast<double>(f.token_bytes()));
+  if (check_err >= 0) std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", check_err);
+  return 0;
+}
+
+}  // namespace
+
+FATHOM_BENCH("mla", "MLA decode over the paged latent cache vs the measured roofline", run_mla);
+
+}  // namespace fathom::cli
