@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <vector>
 
 #include "base/progress.h"
@@ -38,6 +39,7 @@ struct MlaBenchOptions {
   int layers = 0;  // 0: enough for --working-set
   std::string working_set = "600M";
   double seconds = 3;
+  std::string roofline_bytes = "1G";
   bool no_check = false;
   bool json = false;
 };
@@ -57,7 +59,8 @@ Status fill_cache(const MlaBenchOptions& o, Setup& s, uint64_t seed) {
   Rng rng(seed);
   std::vector<int32_t> tokens(static_cast<size_t>(o.seqlen));
   std::vector<float> values(static_cast<size_t>(o.seqlen) * D);
-  ProgressBar bar({.label = "filling the cache", .total = static_cast<uint64_t>(o.batch * c.n_layers()),
+  ProgressBar bar({.label = "filling the cache",
+                   .total = static_cast<uint64_t>(o.batch * c.n_layers()),
                    .unit = ProgressUnit::kItems});
   for (int64_t b = 0; b < o.batch; ++b) {
     const SeqId id = TRY(c.add_sequence());
@@ -81,12 +84,15 @@ Result<Setup> build_setup(const MlaBenchOptions& o, const MlaKvFormat& f) {
   const uint64_t ws = TRY(parse_size(o.working_set, "--working-set"));
   const int64_t pages_per_seq = (o.seqlen + f.page_tokens - 1) / f.page_tokens;
   const int64_t layer_bytes = o.batch * pages_per_seq * f.page_bytes();
-  const int layers = o.layers > 0 ? o.layers : static_cast<int>(std::max<int64_t>(2, (ws + layer_bytes - 1) / layer_bytes));
+  const int layers =
+      o.layers > 0 ? o.layers : static_cast<int>(std::max<int64_t>(2, (ws + layer_bytes - 1) / layer_bytes));
   Setup s;
-  s.cache = TRY(KvCache::create({.n_layers = layers, .format = f,
+  s.cache = TRY(KvCache::create({.n_layers = layers,
+                                 .format = f,
                                  .model_fingerprint = kv_model_fingerprint("bench mla", ""),
                                  .capacity_bytes = static_cast<uint64_t>(layer_bytes * layers),
-                                 .max_sequences = static_cast<int>(o.batch), .max_tokens_per_sequence = o.seqlen}));
+                                 .max_sequences = static_cast<int>(o.batch),
+                                 .max_tokens_per_sequence = o.seqlen}));
   TRY(fill_cache(o, s, 1234));
   s.max_pages = pages_per_seq;
   s.block_table.resize(static_cast<size_t>(o.batch * pages_per_seq));
@@ -102,18 +108,27 @@ Result<Setup> build_setup(const MlaBenchOptions& o, const MlaKvFormat& f) {
 }
 
 MlaDecodeParams layer_params(const MlaBenchOptions& o, Setup& s, int layer) {
-  return {.q = s.q.data(), .batch = o.batch, .s_q = o.s_q, .heads = o.heads, .d_qk = o.d_latent + o.d_rope,
-          .cache = s.cache->layer_view(layer), .block_table = s.block_table.data(), .max_pages = s.max_pages,
+  return {.q = s.q.data(),
+          .batch = o.batch,
+          .s_q = o.s_q,
+          .heads = o.heads,
+          .d_qk = o.d_latent + o.d_rope,
+          .cache = s.cache->layer_view(layer),
+          .block_table = s.block_table.data(),
+          .max_pages = s.max_pages,
           .cache_seqlens = s.seqlens.data(),
-          .softmax_scale = 1.0f / std::sqrt(static_cast<float>(o.qk_nope + o.d_rope)), .causal = o.causal,
-          .out = s.out.data(), .lse = s.lse.data()};
+          .softmax_scale = 1.0f / std::sqrt(static_cast<float>(o.qk_nope + o.d_rope)),
+          .causal = o.causal,
+          .out = s.out.data(),
+          .lse = s.lse.data()};
 }
 
 // Sequence 0 of the last call against the scalar reference; returns the largest |difference|.
 Result<double> check_first_sequence(const MlaBenchOptions& o, Setup& s, int layer) {
   MlaDecodeParams p = layer_params(o, s, layer);
   p.batch = 1;
-  std::vector<float> out(static_cast<size_t>(o.s_q * o.heads * o.d_latent)), lse(static_cast<size_t>(o.s_q * o.heads));
+  std::vector<float> out(static_cast<size_t>(o.s_q * o.heads * o.d_latent)),
+      lse(static_cast<size_t>(o.s_q * o.heads));
   p.out = out.data();
   p.lse = lse.data();
   TRY(mla_decode_reference(p));
@@ -141,6 +156,129 @@ Work count_work(const MlaBenchOptions& o, const MlaKvFormat& f) {
   return w;
 }
 
+struct Timing {
+  std::vector<double> seconds;  // per call
+  double cpu_utilization = 0;   // process CPU time / (wall time x threads) over the timed calls
+  double check_err = -1;
+};
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Calls rotate over the layers so each one streams its pages from memory.
+Result<Timing> time_calls(const MlaBenchOptions& o, Setup& s, MlaDecoder& decoder, int threads) {
+  const int layers = s.cache->n_layers();
+  for (int l = 0; l < layers; ++l) TRY(decoder.decode(layer_params(o, s, l)));  // warm-up
+  Timing t;
+  const double cpu0 = process_cpu_seconds();
+  Timer total;
+  for (int64_t i = 0; total.elapsed_s() < o.seconds || i < 2 * layers; ++i) {
+    Timer call;
+    TRY(decoder.decode(layer_params(o, s, static_cast<int>(i % layers))));
+    t.seconds.push_back(call.elapsed_s());
+  }
+  t.cpu_utilization = (process_cpu_seconds() - cpu0) / (total.elapsed_s() * threads);
+  if (!o.no_check) {
+    const int last = static_cast<int>((t.seconds.size() - 1) % static_cast<size_t>(layers));
+    t.check_err = TRY(check_first_sequence(o, s, last));
+  }
+  return t;
+}
+
+struct Report {
+  double median = 0, best = 0, t_mem = 0, t_compute = 0;
+  int64_t mha_bytes = 0, working_set = 0;
+};
+
+void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s, const Work& w,
+                  const MemoryBandwidth& bw, double peak, const Timing& t, const Report& r, int threads) {
+  const double bound = std::max(r.t_mem, r.t_compute);
+  const char* bound_name = r.t_compute >= r.t_mem ? "compute" : "memory";
+  if (o.json) {
+    nlohmann::json j = {
+        {"bench", "mla"},
+        {"batch", o.batch},
+        {"seqlen", o.seqlen},
+        {"heads", o.heads},
+        {"s_q", o.s_q},
+        {"causal", o.causal},
+        {"kv_dtype", mla_kv_dtype_name(f.dtype)},
+        {"d_latent", f.d_latent},
+        {"d_rope", f.d_rope},
+        {"layers", s.cache->n_layers()},
+        {"working_set_bytes", r.working_set},
+        {"threads", threads},
+        {"simd_level", simd_level_name(simd_level())},
+        {"calls", t.seconds.size()},
+        {"seconds", r.median},
+        {"seconds_best", r.best},
+        {"bytes", w.bytes},
+        {"flops", w.flops},
+        {"gbs", w.bytes / r.median * 1e-9},
+        {"gflops", w.flops / r.median * 1e-9},
+        {"bandwidth_gbs", bw.read_gbs},
+        {"peak_gflops", peak},
+        {"bound", bound_name},
+        {"roofline_fraction", bound / r.median},
+        {"roofline_fraction_best", bound / r.best},
+        {"cpu_utilization", t.cpu_utilization},
+        {"kv_bytes_per_token_per_layer", f.token_bytes()},
+        {"mha_bytes_per_token_per_layer", r.mha_bytes},
+        {"kv_compression", static_cast<double>(r.mha_bytes) / static_cast<double>(f.token_bytes())},
+        {"check_max_abs_diff", t.check_err}};
+    print_json_line(j.dump());
+    return;
+  }
+  std::printf(
+      "mla decode: batch %lld, seqlen %lld, heads %d, s_q %d%s, kv %s (%d+%d), %d layers = %s, %d threads, "
+      "%s\n",
+      static_cast<long long>(o.batch), static_cast<long long>(o.seqlen), o.heads, o.s_q,
+      o.causal ? " causal" : "", std::string(mla_kv_dtype_name(f.dtype)).c_str(), f.d_latent, f.d_rope,
+      s.cache->n_layers(), format_bytes(static_cast<uint64_t>(r.working_set)).c_str(), threads,
+      std::string(simd_level_name(simd_level())).c_str());
+  std::printf("time:     %.3f ms per call (median of %zu), best %.3f ms; cpu utilization %.2f\n",
+              r.median * 1e3, t.seconds.size(), r.best * 1e3, t.cpu_utilization);
+  std::printf("achieved: %.1f GB/s, %.1f GFLOP/s\n", w.bytes / r.median * 1e-9, w.flops / r.median * 1e-9);
+  std::printf(
+      "machine:  read %.1f GB/s, bf16 peak %.1f GFLOP/s -> %s-bound, roofline fraction %.2f (best %.2f)\n",
+      bw.read_gbs, peak, bound_name, bound / r.median, bound / r.best);
+  std::printf("kv cache: %lld B per token per layer vs %lld B for multi-head attention (%.1fx smaller)\n",
+              static_cast<long long>(f.token_bytes()), static_cast<long long>(r.mha_bytes),
+              static_cast<double>(r.mha_bytes) / static_cast<double>(f.token_bytes()));
+  if (t.check_err >= 0)
+    std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", t.check_err);
+}
+
+Status run(const MlaBenchOptions& o) {
+  const MlaKvDType dtype = TRY(parse_mla_kv_dtype(o.kv_dtype));
+  const MlaKvFormat f{.d_latent = o.d_latent, .d_rope = o.d_rope, .dtype = dtype, .page_tokens = 64};
+  TRY(f.validate());
+  const uint64_t roofline_bytes = TRY(parse_size(o.roofline_bytes, "--roofline-bytes"));
+  ThreadPool& pool = default_pool();
+  // The machine first (its buffers are freed before the cache is built), the peak again after.
+  const MemoryBandwidth bw = measure_memory_bandwidth(pool, roofline_bytes);
+  double peak = measure_peak_compute(pool).bf16_gflops;
+  Setup s = TRY(build_setup(o, f));
+  auto decoder = TRY(
+      MlaDecoder::create({.format = f, .max_batch = o.batch, .max_rows = o.s_q * o.heads, .pool = &pool}));
+  const Timing t = TRY(time_calls(o, s, *decoder, pool.size()));
+  peak = std::max(peak, measure_peak_compute(pool).bf16_gflops);
+  std::vector<double> sorted = t.seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const Work w = count_work(o, f);
+  Report r{.median = sorted[sorted.size() / 2],
+           .best = sorted.front(),
+           .t_mem = w.bytes / (bw.read_gbs * 1e9),
+           .t_compute = w.flops / (peak * 1e9),
+           .mha_bytes = int64_t{o.heads} * (o.qk_nope + o.d_rope + o.v_head) * 2,
+           .working_set = s.cache->n_layers() * o.batch * s.max_pages * f.page_bytes()};
+  print_report(o, f, s, w, bw, peak, t, r, pool.size());
+  return {};
+}
+
 int run_mla(int argc, char** argv) {
   MlaBenchOptions o;
   Args args(argv[0], "MLA decode over the paged latent cache against the measured roofline.");
@@ -155,83 +293,16 @@ int run_mla(int argc, char** argv) {
   args.option("--qk-nope", &o.qk_nope, "qk_nope_head_dim (softmax scale, multi-head comparison)");
   args.option("--v-head", &o.v_head, "v_head_dim (multi-head comparison)");
   args.option("--layers", &o.layers, "layers of cache to rotate over (0: enough for --working-set)");
-  args.option("--working-set", &o.working_set, "smallest cache size to rotate over (> last-level cache)", "SIZE");
+  args.option("--working-set", &o.working_set, "smallest cache size to rotate over (> last-level cache)",
+              "SIZE");
   args.option("--seconds", &o.seconds, "time to spend in timed calls");
+  args.option("--roofline-bytes", &o.roofline_bytes, "buffer for the bandwidth measurement", "SIZE");
   args.flag("--no-check", &o.no_check, "skip comparing sequence 0 with the scalar reference");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
-  auto dtype = parse_mla_kv_dtype(o.kv_dtype);
-  if (!dtype.ok()) return fail(args.command(), dtype.status());
-  const MlaKvFormat f{.d_latent = o.d_latent, .d_rope = o.d_rope, .dtype = *dtype, .page_tokens = 64};
-  if (Status st = f.validate(); !st.ok()) return fail(args.command(), st);
-  auto setup = build_setup(o, f);
-  if (!setup.ok()) return fail(args.command(), setup.status());
-  Setup& s = *setup;
-  ThreadPool& pool = default_pool();
-  auto decoder = MlaDecoder::create({.format = f, .max_batch = o.batch, .max_rows = o.s_q * o.heads, .pool = &pool});
-  if (!decoder.ok()) return fail(args.command(), decoder.status());
-  const int layers = s.cache->n_layers();
-  for (int l = 0; l < layers; ++l) {  // warm-up: one call per layer
-    if (Status st = (*decoder)->decode(layer_params(o, s, l)); !st.ok()) return fail(args.command(), st);
-  }
-  const MemoryBandwidth bw = measure_memory_bandwidth(pool);
-  const PeakCompute peak = measure_peak_compute(pool);
-  std::vector<double> times;
-  Timer total;
-  for (int64_t i = 0; total.elapsed_s() < o.seconds || i < 2 * layers; ++i) {
-    const int layer = static_cast<int>(i % layers);
-    Timer t;
-    if (Status st = (*decoder)->decode(layer_params(o, s, layer)); !st.ok()) return fail(args.command(), st);
-    times.push_back(t.elapsed_s());
-  }
-  const int last_layer = static_cast<int>((times.size() - 1) % static_cast<size_t>(layers));
-  double check_err = -1;
-  if (!o.no_check) {
-    auto err = check_first_sequence(o, s, last_layer);
-    if (!err.ok()) return fail(args.command(), err.status());
-    check_err = *err;
-  }
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2], best = sorted.front();
-  const Work w = count_work(o, f);
-  const double t_mem = w.bytes / (bw.read_gbs * 1e9), t_compute = w.flops / (peak.bf16_gflops * 1e9);
-  const double bound = std::max(t_mem, t_compute);
-  const int64_t mha_bytes = int64_t{o.heads} * (o.qk_nope + o.d_rope + o.v_head) * 2;
-  const int64_t working_set = layers * o.batch * s.max_pages * f.page_bytes();
-  if (o.json) {
-    nlohmann::json j = {{"bench", "mla"}, {"batch", o.batch}, {"seqlen", o.seqlen}, {"heads", o.heads},
-                        {"s_q", o.s_q}, {"causal", o.causal}, {"kv_dtype", mla_kv_dtype_name(f.dtype)},
-                        {"d_latent", f.d_latent}, {"d_rope", f.d_rope}, {"layers", layers},
-                        {"working_set_bytes", working_set}, {"threads", pool.size()},
-                        {"simd_level", simd_level_name(simd_level())}, {"calls", times.size()},
-                        {"seconds", median}, {"seconds_best", best}, {"bytes", w.bytes}, {"flops", w.flops},
-                        {"gbs", w.bytes / median * 1e-9}, {"gflops", w.flops / median * 1e-9},
-                        {"bandwidth_gbs", bw.read_gbs}, {"peak_gflops", peak.bf16_gflops},
-                        {"bound", t_compute >= t_mem ? "compute" : "memory"},
-                        {"roofline_fraction", bound / median}, {"roofline_fraction_best", bound / best},
-                        {"kv_bytes_per_token_per_layer", f.token_bytes()},
-                        {"mha_bytes_per_token_per_layer", mha_bytes},
-                        {"kv_compression", static_cast<double>(mha_bytes) / static_cast<double>(f.token_bytes())},
-                        {"check_max_abs_diff", check_err}};
-    print_json_line(j.dump());
-    return 0;
-  }
-  std::printf("mla decode: batch %lld, seqlen %lld, heads %d, s_q %d%s, kv %s (%d+%d), %d layers = %s, %d threads, %s\n",
-              static_cast<long long>(o.batch), static_cast<long long>(o.seqlen), o.heads, o.s_q,
-              o.causal ? " causal" : "", std::string(mla_kv_dtype_name(f.dtype)).c_str(), f.d_latent, f.d_rope, layers,
-              format_bytes(static_cast<uint64_t>(working_set)).c_str(), pool.size(),
-              std::string(simd_level_name(simd_level())).c_str());
-  std::printf("time:     %.3f ms per call (median of %zu), best %.3f ms\n", median * 1e3, times.size(), best * 1e3);
-  std::printf("achieved: %.1f GB/s, %.1f GFLOP/s\n", w.bytes / median * 1e-9, w.flops / median * 1e-9);
-  std::printf("machine:  read %.1f GB/s, bf16 peak %.1f GFLOP/s -> %s-bound, roofline fraction %.2f (best %.2f)\n",
-              bw.read_gbs, peak.bf16_gflops, t_compute >= t_mem ? "compute" : "memory", bound / median, bound / best);
-  std::printf("kv cache: %lld B per token per layer vs %lld B for multi-head attention (%.1fx smaller)\n",
-              static_cast<long long>(f.token_bytes()), static_cast<long long>(mha_bytes),
-              static_cast<double>(mha_bytes) / static_cast<double>(f.token_bytes()));
-  if (check_err >= 0) std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", check_err);
+  if (Status st = run(o); !st.ok()) return fail(args.command(), st);
   return 0;
 }
 

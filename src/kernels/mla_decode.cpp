@@ -171,44 +171,39 @@ void plan_mla_schedule(const int32_t* seqlens, int64_t batch, const MlaScheduleO
   s->segments.clear();
   s->part_begin.clear();
   s->split_seqs.clear();
-  s->part_begin.push_back(0);
   int64_t total = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = (seqlens[b] + T - 1) / T;
     if (pages > 0) total += pages + fixed;
   }
-  const int64_t per_part = std::max<int64_t>(1, (total + o.n_parts - 1) / o.n_parts);
+  // Part k ends at cost position (k + 1) * total / n_parts: absolute boundaries, so rounding does
+  // not pile up on the last part. Each boundary may cut a sequence, whose continuation costs
+  // another `fixed`: counted in advance so the last part does not absorb them.
+  if (total > 0) total += fixed * (o.n_parts - 1);
   const int last = o.n_parts - 1;
   int part = 0;
-  int64_t used = 0;
-  auto close_part = [&] {
+  int64_t pos = 0;
+  auto boundary = [&](int k) { return (static_cast<int64_t>(k) + 1) * total / o.n_parts; };
+  auto next_part = [&] {
     s->part_begin.push_back(static_cast<int32_t>(s->segments.size()));
     ++part;
-    used = 0;
   };
+  s->part_begin.push_back(0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = (seqlens[b] + T - 1) / T;
     int64_t p = 0;
     while (p < pages) {
-      const int64_t left = pages - p, budget = per_part - used - fixed;
-      int64_t take = left;
-      if (part != last && left > budget) {
-        take = budget;
-        if (left - take < min_split) {
-          take = left;  // do not leave a sliver behind: this part runs slightly long
-        } else if (take < min_split) {
-          if (used > 0) {
-            close_part();
-            continue;
-          }
-          take = min_split;
-        }
+      while (part < last && pos + fixed >= boundary(part)) next_part();  // no room for even a start
+      const int64_t left = pages - p;
+      int64_t take = part == last ? left : std::clamp<int64_t>(boundary(part) - pos - fixed, 0, left);
+      if (left - take < min_split) take = left;  // never leave a sliver behind
+      if (take < std::min(min_split, left)) {    // nor start one: move on to the next part
+        next_part();
+        continue;
       }
-      s->segments.push_back(
-          {static_cast<int32_t>(b), static_cast<int32_t>(p), static_cast<int32_t>(p + take), -1});
-      used += take + fixed;
+      s->segments.push_back({static_cast<int32_t>(b), static_cast<int32_t>(p), static_cast<int32_t>(p + take), -1});
+      pos += fixed + take;
       p += take;
-      if (used >= per_part && part < last) close_part();
     }
   }
   while (static_cast<int>(s->part_begin.size()) < o.n_parts + 1) {
