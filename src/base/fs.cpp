@@ -30,6 +30,27 @@ Result<std::string> read_file(const std::string& path) {
   return out;
 }
 
+Result<std::string> read_file_prefix(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, fmt::format("open '{}'", path));
+  std::string out(max_bytes, '\0');
+  size_t got = 0;
+  while (got < max_bytes) {
+    ssize_t n = ::read(fd, out.data() + got, max_bytes - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return errno_status(err, fmt::format("read '{}'", path));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
 Status write_all(int fd, const void* data, size_t size, std::string_view what) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {

@@ -11,6 +11,8 @@
 namespace fathom {
 
 Result<std::string> read_file(const std::string& path);
+// At most the first `max_bytes` bytes of a file.
+Result<std::string> read_file_prefix(const std::string& path, size_t max_bytes);
 // Writes to "<path>.tmp.<pid>", fsyncs, renames over path, fsyncs the directory.
 Status write_file_atomic(const std::string& path, std::string_view data);
 Result<uint64_t> free_disk_bytes(const std::string& path);

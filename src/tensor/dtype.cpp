@@ -23,6 +23,10 @@ constexpr std::array<DTypeInfo, static_cast<size_t>(DType::kCount)> kInfo = {{
     {"i64", 1, 8, false, false},
     {"u8", 1, 1, false, false},
     {"bool", 1, 1, false, false},
+    {"u16", 1, 2, false, false},
+    {"u32", 1, 4, false, false},
+    {"u64", 1, 8, false, false},
+    {"f8_e5m2", 1, 1, true, false},
     {"q8_0", 32, 34, false, true},
     {"q4_0", 32, 18, false, true},
     {"q4_1", 32, 20, false, false},
@@ -46,6 +50,7 @@ constexpr std::array<DTypeInfo, static_cast<size_t>(DType::kCount)> kInfo = {{
     {"iq1_m", 256, 56, false, false},
     {"tq1_0", 256, 54, false, false},
     {"tq2_0", 256, 66, false, false},
+    {"mxfp4", 32, 17, false, false},
 }};
 
 }  // namespace

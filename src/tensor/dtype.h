@@ -13,11 +13,11 @@ namespace fathom {
 
 enum class DType : uint8_t {
   kF32, kF16, kBF16, kF64, kF8E4M3,
-  kI8, kI16, kI32, kI64, kU8, kBool,
+  kI8, kI16, kI32, kI64, kU8, kBool, kU16, kU32, kU64, kF8E5M2,
   kQ8_0, kQ4_0,
   // Known by size only (inspection):
   kQ4_1, kQ5_0, kQ5_1, kQ8_1, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kQ8_K,
-  kIQ2_XXS, kIQ2_XS, kIQ3_XXS, kIQ1_S, kIQ4_NL, kIQ3_S, kIQ2_S, kIQ4_XS, kIQ1_M, kTQ1_0, kTQ2_0,
+  kIQ2_XXS, kIQ2_XS, kIQ3_XXS, kIQ1_S, kIQ4_NL, kIQ3_S, kIQ2_S, kIQ4_XS, kIQ1_M, kTQ1_0, kTQ2_0, kMXFP4,
   kCount
 };
 
