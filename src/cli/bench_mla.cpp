@@ -272,7 +272,7 @@ Status run(const MlaBenchOptions& o) {
   Report r{.median = sorted[sorted.size() / 2],
            .best = sorted.front(),
            .t_mem = w.bytes / (bw.read_gbs * 1e9),
-           .t_compute = w.flops / (peak * 1e9),
+           .t_compute = peak > 0 ? w.flops / (peak * 1e9) : 0,  // no peak loop at the scalar level
            .mha_bytes = int64_t{o.heads} * (o.qk_nope + o.d_rope + o.v_head) * 2,
            .working_set = s.cache->n_layers() * o.batch * s.max_pages * f.page_bytes()};
   print_report(o, f, s, w, bw, peak, t, r, pool.size());

@@ -107,6 +107,9 @@ Result<PageHash> KvCache::import_page(const PageHash& parent, std::span<const ui
                               field.expected);
     }
   }
+  for (int64_t i = 72; i < kHeaderBytes; ++i) {
+    if (h[i] != 0) return corrupt("kvcache import: reserved header byte {} is {:#04x}, expected 0", i, h[i]);
+  }
   const uint8_t* payload = h + kHeaderBytes;
   const uint64_t sum = XXH3_64bits(payload, blob.size() - kHeaderBytes);
   if (sum != get_u64(h + 64)) {

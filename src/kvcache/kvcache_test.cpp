@@ -286,6 +286,9 @@ TEST(KvCache, ImportRejectsCorruptOrForeignBlobs) {
   b[28] = 3;  // n_layers
   expect_error(b, StatusCode::kInvalidArgument, "n_layers 3", seed);
   b = blob;
+  b[100] = 1;  // reserved
+  expect_error(b, StatusCode::kCorrupt, "reserved header byte 100", seed);
+  b = blob;
   b.pop_back();
   expect_error(b, StatusCode::kInvalidArgument, "blob is", seed);
   expect_error(blob, StatusCode::kCorrupt, "hash to", chain[0]);  // wrong parent
