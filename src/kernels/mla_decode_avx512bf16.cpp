@@ -1,12 +1,14 @@
 // MLA decode segment, AVX-512 BF16 path: both GEMMs on vdpbf16ps (16 lanes x 2 products), f32
 // accumulation, the online softmax from mla_decode_simd.h.
 //
-//   QK:  S[t][r] += (k[t][2i], k[t][2i+1]) . (q[r][2i], q[r][2i+1])   k pairs broadcast straight
+//   QK:  S[t][r] += (k[t][2i], k[t][2i+1]) . (q[r][2i], q[r][2i+1])   key pairs broadcast straight
 //        from the bf16 cache (fp8 pages are first dequantised to bf16, exactly); q packed once per
-//        segment as qp[rb][i][16 rows] (bf16 pairs).
+//        segment as qp[rb][i][16 rows], or for <= 16 rows as qq[group][quad][4 rows x 4 pairs]
+//        so one 16-byte broadcast of 4 key pairs serves all rows.
 //   PV:  O[r][c] += (p[2j][r], p[2j+1][r]) . (v[2j][c], v[2j+1][c])   p packed per page as
-//        pp[j][r], v interleaved per page as vp[c/16][j][16 columns x 2].
-// The query and P are rounded to bf16 (P before it is summed, so the normaliser matches).
+//        pp[j][r]; v interleaved 4 column blocks at a time as vp[block][j][16 columns x 2].
+// The query and P are rounded to bf16 (P before it is summed, so the normaliser matches). Not
+// here: the softmax and the segment loop (mla_decode_simd.h), scheduling (mla_decode.cpp).
 #include "kernels/mla_decode_simd.h"
 
 namespace fathom::internal {

@@ -238,7 +238,9 @@ void mla_softmax_page(MlaScratch& s, int nt, int rb_count, int64_t sstride, int6
 }
 
 // One segment: rows of sequence a.seq over pages [page_begin, page_end). Isa provides V, kRoundP,
-// pack_q, load_page, qk and pv (see mla_decode_avx512bf16.cpp and MlaF32Isa below).
+// pack_q (once per segment), load_page (the page as token rows), qk (S for the page; it may issue
+// the next page's prefetch slices), pv (O update) and finish_row (O / l into the output row);
+// see mla_decode_avx512bf16.cpp and MlaF32Isa below.
 template <class Isa>
 void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
   using V = typename Isa::V;
