@@ -21,6 +21,7 @@
 #include "kernels/mla_decode.h"
 #include "kernels/roofline.h"
 #include "kvcache/kvcache.h"
+#include "tensor/tensor.h"
 
 namespace fathom::cli {
 namespace {
@@ -41,6 +42,7 @@ struct MlaBenchOptions {
   double seconds = 3;
   std::string roofline_bytes = "1G";
   bool no_check = false;
+  bool cpu_time = false;  // time by process CPU time / threads (a shared, oversubscribed machine)
   bool json = false;
 };
 
@@ -177,8 +179,9 @@ Result<Timing> time_calls(const MlaBenchOptions& o, Setup& s, MlaDecoder& decode
   Timer total;
   for (int64_t i = 0; total.elapsed_s() < o.seconds || i < 2 * layers; ++i) {
     Timer call;
+    const double cpu_call = process_cpu_seconds();
     TRY(decoder.decode(layer_params(o, s, static_cast<int>(i % layers))));
-    t.seconds.push_back(call.elapsed_s());
+    t.seconds.push_back(o.cpu_time ? (process_cpu_seconds() - cpu_call) / threads : call.elapsed_s());
   }
   t.cpu_utilization = (process_cpu_seconds() - cpu0) / (total.elapsed_s() * threads);
   if (!o.no_check) {
@@ -252,6 +255,55 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
     std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", t.check_err);
 }
 
+// The BF16 dot-product peak timed by process CPU time: every pool thread runs the roofline loop
+// of this SIMD level for about `seconds` of CPU. Comparable with --cpu-time call times.
+double cpu_time_peak_gflops(ThreadPool& pool, double seconds) {
+  const SimdLevel level = simd_level();
+  double (*loop)(uint64_t) = level >= SimdLevel::kAvx512Bf16 ? internal::peak_bf16_avx512bf16
+                             : level >= SimdLevel::kAvx512   ? internal::peak_f32_avx512
+                             : level >= SimdLevel::kAvx2     ? internal::peak_f32_avx2
+                                                             : nullptr;
+  if (loop == nullptr) return 0;
+  uint64_t iters = 1 << 16;
+  for (double c0 = process_cpu_seconds(); loop(iters) > 0 && process_cpu_seconds() - c0 < 0.02;) iters *= 2;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> ops(static_cast<size_t>(pool.size()));
+    const double c0 = process_cpu_seconds();
+    pool.run(pool.size(), [&](int64_t task, int) {
+      double n = 0;
+      for (double start = process_cpu_seconds(); process_cpu_seconds() - start < seconds / pool.size();)
+        n += loop(iters);
+      ops[static_cast<size_t>(task)] = n;
+    });
+    double total = 0;
+    for (double x : ops) total += x;
+    best = std::max(best, total / ((process_cpu_seconds() - c0) / pool.size()) * 1e-9);
+  }
+  return best;
+}
+
+// Read bandwidth timed by process CPU time: every pool thread sweeps its slice of a buffer.
+double cpu_time_read_gbs(ThreadPool& pool, uint64_t bytes) {
+  const uint64_t per = bytes / static_cast<uint64_t>(pool.size()) / 4096 * 4096;
+  Buffer buf = Buffer::allocate(per * static_cast<uint64_t>(pool.size()));  // zeroed: touched once
+  const SimdLevel level = simd_level();
+  std::vector<uint64_t> sink(static_cast<size_t>(pool.size()));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double c0 = process_cpu_seconds();
+    pool.run(pool.size(), [&](int64_t task, int) {
+      const uint8_t* p = buf.data() + static_cast<uint64_t>(task) * per;
+      sink[static_cast<size_t>(task)] = level >= SimdLevel::kAvx512 ? internal::read_sweep_avx512(p, per)
+                                        : level >= SimdLevel::kAvx2 ? internal::read_sweep_avx2(p, per)
+                                                                    : p[per - 1];
+    });
+    best =
+        std::max(best, static_cast<double>(buf.size()) / ((process_cpu_seconds() - c0) / pool.size()) * 1e-9);
+  }
+  return best;
+}
+
 Status run(const MlaBenchOptions& o) {
   const MlaKvDType dtype = TRY(parse_mla_kv_dtype(o.kv_dtype));
   const MlaKvFormat f{.d_latent = o.d_latent, .d_rope = o.d_rope, .dtype = dtype, .page_tokens = 64};
@@ -259,13 +311,17 @@ Status run(const MlaBenchOptions& o) {
   const uint64_t roofline_bytes = TRY(parse_size(o.roofline_bytes, "--roofline-bytes"));
   ThreadPool& pool = default_pool();
   // The machine first (its buffers are freed before the cache is built), the peak again after.
-  const MemoryBandwidth bw = measure_memory_bandwidth(pool, roofline_bytes);
-  double peak = measure_peak_compute(pool).bf16_gflops;
+  MemoryBandwidth bw = measure_memory_bandwidth(pool, roofline_bytes);
+  if (o.cpu_time) bw.read_gbs = cpu_time_read_gbs(pool, roofline_bytes);
+  auto measure_peak = [&] {
+    return o.cpu_time ? cpu_time_peak_gflops(pool, 0.3) : measure_peak_compute(pool).bf16_gflops;
+  };
+  double peak = measure_peak();
   Setup s = TRY(build_setup(o, f));
   auto decoder = TRY(
       MlaDecoder::create({.format = f, .max_batch = o.batch, .max_rows = o.s_q * o.heads, .pool = &pool}));
   const Timing t = TRY(time_calls(o, s, *decoder, pool.size()));
-  peak = std::max(peak, measure_peak_compute(pool).bf16_gflops);
+  peak = std::max(peak, measure_peak());
   std::vector<double> sorted = t.seconds;
   std::sort(sorted.begin(), sorted.end());
   const Work w = count_work(o, f);
@@ -298,6 +354,9 @@ int run_mla(int argc, char** argv) {
   args.option("--seconds", &o.seconds, "time to spend in timed calls");
   args.option("--roofline-bytes", &o.roofline_bytes, "buffer for the bandwidth measurement", "SIZE");
   args.flag("--no-check", &o.no_check, "skip comparing sequence 0 with the scalar reference");
+  args.flag("--cpu-time", &o.cpu_time,
+            "time calls and the peak by process CPU time / threads (for a shared machine; bandwidth stays "
+            "wall-clock)");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());

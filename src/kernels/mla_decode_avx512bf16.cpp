@@ -292,7 +292,7 @@ struct PvTile {
 
 // Interleaves token rows 2tp and 2tp+1 for column blocks [cb0, cb0 + n_cb) (16 columns each) into
 // vp[j][tp][32]: (v[2tp][c], v[2tp+1][c]) pairs. Whole 32-column chunks use vpunpck{l,h}wd, which
-// interleave within 128-bit lanes, so their columns come out in the order kChunkCols names and
+// interleave within 128-bit lanes, so their columns come out permuted (see bf16_finish_row) and
 // finish_row restores it; a last 16-column block is interleaved in order. A missing odd row is
 // zero. A few blocks at a time (8 KiB) stay in L1 while the PV tiles of every row read them.
 void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp) {
@@ -354,7 +354,6 @@ void bf16_pack_p(const float* s, int nt, int64_t sstride, int n_tp, uint32_t* pp
 }
 
 constexpr std::array<int, 4> kQkStep = {12, 12, 8, 6};
-constexpr int kChunk = 12;   // tokens per QK step: one tile tall at 1-2 row blocks, two at 4
 constexpr int kPvBlock = 4;  // 16-column blocks of V packed at a time (8 KiB at 64-token pages)
 
 struct Bf16Isa {
@@ -371,25 +370,15 @@ struct Bf16Isa {
     return bf16_load_page(f, page, nt, s);
   }
   static void finish_row(const float* o, float inv, int dl, float* out) { bf16_finish_row(o, inv, dl, out); }
-  // QK in chunks of kChunk tokens, a slice of the next page prefetched after each.
-  static void qk(MlaRows k, int nt, int rb_count, int D, int /*dl*/, int64_t sstride, MlaScratch& s,
-                 const MlaPrefetch& next) {
-    const int n_chunks = (nt + kChunk - 1) / kChunk, n_dp = D / 2;
+  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+    const int n_dp = D / 2;
     const auto* q = reinterpret_cast<const uint32_t*>(s.q);
-    for (int ch = 0; ch < n_chunks; ++ch) {
-      const int t0 = ch * kChunk, mt = std::min(kChunk, nt - t0);
-      if (rb_count == 1) {
-        const int n_quads = n_dp / 4, groups = static_cast<int>(sstride) / 4;
-        const QkQuadCtx ctx{k.ptr + t0 * k.stride,        k.stride, q,
-                            int64_t{(n_dp + 3) / 4} * 16, n_quads,  n_dp % 4,
-                            s.s + t0 * sstride,           sstride};
-        MlaTiler<QkQuadTile, 12, 4, QkQuadCtx>::run(mt, groups, kQkStep, ctx);
-      } else {
-        const QkCtx ctx{k.ptr + t0 * k.stride, k.stride, q, int64_t{n_dp} * 16, n_dp,
-                        s.s + t0 * sstride,    sstride};
-        MlaTiler<QkTile, 12, 4, QkCtx>::run(mt, rb_count, kQkStep, ctx);
-      }
-      next.slice(ch, n_chunks);
+    if (rb_count == 1) {
+      const QkQuadCtx ctx{k.ptr, k.stride, q, int64_t{(n_dp + 3) / 4} * 16, n_dp / 4, n_dp % 4, s.s, sstride};
+      MlaTiler<QkQuadTile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
+    } else {
+      const QkCtx ctx{k.ptr, k.stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
+      MlaTiler<QkTile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
     }
   }
   static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {

@@ -186,22 +186,6 @@ struct MlaRows {
   int64_t stride = 0;  // bytes between tokens
 };
 
-// The next page's bytes, asked for a slice at a time while this page is computed, into L2 (a
-// 72 KiB page does not fit L1 next to the current one): at few heads a page takes only a few
-// microseconds of arithmetic, and one burst of a thousand prefetches would stall on the miss queue.
-struct MlaPrefetch {
-  const uint8_t* ptr = nullptr;
-  int64_t bytes = 0;
-  // Issues slice `i` of `n` (cache lines split evenly).
-  void slice(int i, int n) const {
-    const int64_t lines = (bytes + 63) / 64, per = (lines + n - 1) / n;
-    const int64_t end = std::min(lines, (i + 1) * per);
-    for (int64_t l = i * per; l < end; ++l) {
-      _mm_prefetch(reinterpret_cast<const char*>(ptr + l * 64), _MM_HINT_T1);
-    }
-  }
-};
-
 // One page of online softmax over S (scores [nt][sstride], lanes = rows) in place: S becomes
 // P = 2^(c*s - m_new) (0 for hidden keys), and m, l, alpha are updated per row. With kRoundP, P is
 // rounded to bf16 before it is summed, so the sum matches the bf16 P the PV GEMM multiplies.
@@ -238,8 +222,8 @@ void mla_softmax_page(MlaScratch& s, int nt, int rb_count, int64_t sstride, int6
 }
 
 // One segment: rows of sequence a.seq over pages [page_begin, page_end). Isa provides V, kRoundP,
-// pack_q (once per segment), load_page (the page as token rows), qk (S for the page; it may issue
-// the next page's prefetch slices), pv (O update) and finish_row (O / l into the output row);
+// pack_q (once per segment), load_page (the page as token rows), qk (S for the page), pv (O
+// update) and finish_row (O / l into the output row);
 // see mla_decode_avx512bf16.cpp and MlaF32Isa below.
 template <class Isa>
 void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
@@ -271,13 +255,8 @@ void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
     const int nt = static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
     if (nt <= 0) break;
     const int64_t id = p.block_table[a.seq * p.max_pages + page];
-    MlaPrefetch next;
-    if (page + 1 < a.page_end && (page + 1) * T < L) {
-      next.ptr = p.cache.data + p.block_table[a.seq * p.max_pages + page + 1] * p.cache.page_stride_bytes;
-      next.bytes = std::min<int64_t>(T, L - (page + 1) * T) * f.token_bytes();
-    }
     const MlaRows k = Isa::load_page(f, p.cache.data + id * p.cache.page_stride_bytes, nt, s);
-    Isa::qk(k, nt, rb_count, D, dl, sstride, s, next);
+    Isa::qk(k, nt, rb_count, D, sstride, s);
     mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
     Isa::pv(k, nt, R, dl, sstride, s);
   }
@@ -439,9 +418,7 @@ struct MlaF32Isa {
   static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
     return mla_f32_load_page<V>(f, page, nt, s);
   }
-  static void qk(MlaRows k, int nt, int rb_count, int D, int /*dl*/, int64_t sstride, MlaScratch& s,
-                 const MlaPrefetch& next) {
-    next.slice(0, 1);
+  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
     const typename K::QkCtx ctx{reinterpret_cast<const float*>(k.ptr), s.q, s.s, D, sstride};
     MlaTiler<K::template Qk, MMAX, NMAX, typename K::QkCtx>::run(nt, rb_count, kStep, ctx);
   }

@@ -101,7 +101,9 @@ class KvCache {
 
   // ---- sequences ----
   Result<SeqId> add_sequence();
-  // A new sequence sharing every page of `parent` (its partial last page too, copied on write).
+  // A new sequence sharing every page of `parent` (its partial last page too, copied on the next
+  // append of either). Fork after every layer of the appended tokens is written: a shared page
+  // cannot be written (kFailedPrecondition).
   Result<SeqId> fork(SeqId parent);
   // Drops the sequence's references; its published pages stay cached.
   Status free_sequence(SeqId seq);
