@@ -1,0 +1,403 @@
+// MLA decode segment, AVX-512 BF16 path: both GEMMs on vdpbf16ps (16 lanes x 2 products), f32
+// accumulation, the online softmax from mla_decode_simd.h.
+//
+//   QK:  S[t][r] += (k[t][2i], k[t][2i+1]) . (q[r][2i], q[r][2i+1])   key pairs broadcast straight
+//        from the bf16 cache (fp8 pages are first dequantised to bf16, exactly); q packed once per
+//        segment as qp[rb][i][16 rows], or for <= 16 rows as qq[group][quad][4 rows x 4 pairs]
+//        so one 16-byte broadcast of 4 key pairs serves all rows.
+//   PV:  O[r][c] += (p[2j][r], p[2j+1][r]) . (v[2j][c], v[2j+1][c])   p packed per page as
+//        pp[j][r]; v interleaved 4 column blocks at a time as vp[block][j][16 columns x 2].
+// The query and P are rounded to bf16 (P before it is summed, so the normaliser matches). Not
+// here: the softmax and the segment loop (mla_decode_simd.h), scheduling (mla_decode.cpp).
+#include "kernels/mla_decode_simd.h"
+
+namespace fathom::internal {
+namespace {
+
+// bf16 round-to-nearest-even of a finite float (NaN is not expected in a query).
+uint16_t bf16_rne(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+// qp[rb][i][lane] = (bf16 q[r][2i], bf16 q[r][2i+1]) for r = 16*rb + lane; padding rows are zero.
+void bf16_pack_q(const float* q, int R, int D, MlaScratch& s) {
+  const int n_dp = D / 2, rb_count = (R + 15) / 16;
+  uint32_t* qp = reinterpret_cast<uint32_t*>(s.q);
+  if (R % 16 != 0) std::fill(qp + int64_t{rb_count - 1} * n_dp * 16, qp + int64_t{rb_count} * n_dp * 16, 0u);
+  alignas(64) uint32_t pairs[16];
+  for (int r = 0; r < R; ++r) {
+    const float* src = q + int64_t{r} * D;
+    uint32_t* dst = qp + int64_t{r / 16} * n_dp * 16 + r % 16;
+    int i = 0;
+    for (; 2 * i + 32 <= D; i += 16) {
+      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 2 * i + 16), _mm512_loadu_ps(src + 2 * i));
+      _mm512_store_si512(pairs, (__m512i)b);
+      for (int k = 0; k < 16; ++k) dst[int64_t{i + k} * 16] = pairs[k];
+    }
+    for (; i < n_dp; ++i) {
+      dst[int64_t{i} * 16] = bf16_rne(src[2 * i]) | static_cast<uint32_t>(bf16_rne(src[2 * i + 1])) << 16;
+    }
+  }
+}
+
+// e4m3 times 2^k as bf16, 32 values at a time and exactly, in 16-bit lanes: a normal e4m3
+// (s eeee mmm) becomes the bf16 (s, exponent e + 120 + k, mantissa mmm0000); zero and subnormals
+// (mag < 8) come from an 8-entry table of m * 2^(k-9). Requires |k| <= 100 (no bf16 overflow).
+struct Fp8Pow2 {
+  __m512i bias;  // (120 + k) << 7 in every lane
+  __m512i sub;   // lanes 0..7: bf16(m * 2^(k-9))
+  explicit Fp8Pow2(int k)
+      : bias(_mm512_set1_epi16(static_cast<int16_t>((120 + k) << 7))),
+        // m * 2^(k-9) for m = 1..7 is 2^(k-9), 2^(k-8), 1.5*2^(k-8), 2^(k-7), 1.25, 1.5, 1.75 * 2^(k-7)
+        sub(_mm512_maskz_add_epi16(
+            0xfe,
+            _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                             120 << 7 | 0x60, 120 << 7 | 0x40, 120 << 7 | 0x20, 120 << 7, 119 << 7 | 0x40,
+                             119 << 7, 118 << 7, 0),
+            _mm512_set1_epi16(static_cast<int16_t>(k << 7)))) {}
+  __m512i convert32(const uint8_t* src) const {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
+    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), bias);
+    v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, sub);
+    return _mm512_or_si512(v, sign);
+  }
+};
+
+// The exponent k when `scale` is exactly 2^k with |k| <= 100 (what the cache writes), else -1000.
+int pow2_exponent(float scale) {
+  uint32_t b;
+  std::memcpy(&b, &scale, 4);
+  const int e = static_cast<int>(b >> 23);  // sign bit included: negative scales fail the range check
+  return (b & 0x7fffffu) == 0 && e >= 27 && e <= 227 ? e - 127 : -1000;
+}
+
+// One fp8 scale group of latent values [begin, end) into bf16.
+void dequant_group(const uint8_t* src, float scale, int begin, int end, uint16_t* dst) {
+  const int k = pow2_exponent(scale);
+  int d = begin;
+  if (k != -1000) {
+    const Fp8Pow2 cv(k);
+    for (; d + 32 <= end; d += 32) _mm512_storeu_si512(dst + d, cv.convert32(src + d));
+  }
+  const __m512 sc = _mm512_set1_ps(scale);  // any other scale (imported pages): f32, rounded to bf16
+  for (; d < end; d += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
+                        (__m256i)_mm512_cvtneps_pbh(V512::e4m3x(src + d, sc)));
+  }
+}
+
+// fp8 tokens -> bf16 [nt][D] in s.k.
+MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
+  if (f.dtype == MlaKvDType::kBF16) return {page, f.token_bytes()};
+  const int D = f.d_qk(), dl = f.d_latent;
+  uint16_t* kb = reinterpret_cast<uint16_t*>(s.k);
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* src = page + t * f.token_bytes();
+    uint16_t* dst = kb + int64_t{t} * D;
+    for (int g = 0; g < f.n_scale_groups(); ++g) {
+      dequant_group(src, mla_load_f32(src + f.scales_offset() + 4 * g), g * kMlaFp8GroupSize,
+                    std::min(dl, (g + 1) * kMlaFp8GroupSize), dst);
+    }
+    std::memcpy(dst + dl, src + f.rope_offset(), size_t{2} * f.d_rope);
+  }
+  return {s.k, int64_t{D} * 2};
+}
+
+struct QkCtx {
+  const uint8_t* k;   // token rows (bf16 pairs)
+  int64_t k_stride;   // bytes
+  const uint32_t* q;  // qp
+  int64_t q_rb;       // n_dp * 16
+  int n_dp;
+  float* s;
+  int64_t sstride;
+};
+
+template <int M, int N>
+struct QkTile {
+  static void run(int t0, int rb0, const QkCtx& c) {
+    if constexpr (M * N > 28) {
+      __builtin_trap();
+    } else {
+      __m512 acc[M][N];
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+      const uint8_t* k = c.k + t0 * c.k_stride;
+      const uint32_t* q = c.q + rb0 * c.q_rb;
+      for (int dp = 0; dp < c.n_dp; ++dp) {
+        __m512bh b[N];
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(q + j * c.q_rb + dp * 16);
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i) {
+          const __m512bh a =
+              (__m512bh)_mm512_set1_epi32(static_cast<int>(mla_load_u32(k + i * c.k_stride + dp * 4)));
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+      }
+      float* s = c.s + t0 * c.sstride + rb0 * 16;
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) _mm512_storeu_ps(s + i * c.sstride + j * 16, acc[i][j]);
+    }
+  }
+};
+
+// Few rows (s_q * heads <= 16): 16 lanes as 4 rows x 4 consecutive d-pairs, so one broadcast
+// of 16 key bytes (4 d-pairs) feeds all 4 row groups and loads stop limiting the FMAs. Lanes of
+// a group are summed when the tile is stored. qq[j][g][4 rr + k] = q pair (row 4j + rr, d-pair 4g + k).
+struct QkQuadCtx {
+  const uint8_t* k;
+  int64_t k_stride;
+  const uint32_t* q;  // qq
+  int64_t q_group;    // n_quads * 16
+  int n_quads;        // full quads of d-pairs
+  int tail;           // d-pairs left over (0..3), read with a masked load
+  float* s;
+  int64_t sstride;
+};
+
+// Sums each group of 4 lanes of acc[j] into s[4j .. 4j+3].
+template <int N>
+void store_quad_sums(const __m512 (&acc)[N], float* s) {
+  __m512 out = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int j = 0; j < N; ++j) {
+    __m512 x = _mm512_add_ps(acc[j], _mm512_permute_ps(acc[j], 0xb1));  // (k0+k1, k1+k0, k2+k3, k3+k2)
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));                   // every lane: the group's sum
+    // lane 4j + rr of out takes lane 4rr of x
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    out = _mm512_mask_permutexvar_ps(out, static_cast<__mmask16>(0xfu << (4 * j)), idx, x);
+  }
+  _mm512_storeu_ps(s, out);
+}
+
+template <int M, int N>
+struct QkQuadTile {
+  static void run(int t0, int j0, const QkQuadCtx& c) {
+    if constexpr (M * N > 28 || N > 4) {
+      __builtin_trap();
+    } else {
+      __m512 acc[M][N];
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+      const uint8_t* k = c.k + t0 * c.k_stride;
+      const uint32_t* q = c.q + j0 * c.q_group;
+      auto step = [&](int g, auto&& load_k) {
+        __m512bh b[N];
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(q + j * c.q_group + g * 16);
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i) {
+          const __m512bh a = (__m512bh)_mm512_broadcast_i32x4(load_k(k + i * c.k_stride + g * 16));
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+      };
+      for (int g = 0; g < c.n_quads; ++g) {
+        step(g, [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); });
+      }
+      if (c.tail > 0) {  // the last d-pairs of the row: never read past it
+        const __mmask8 m = static_cast<__mmask8>((1u << c.tail) - 1);
+        step(c.n_quads, [m](const uint8_t* p) { return _mm_maskz_loadu_epi32(m, p); });
+      }
+      // With fewer than 4 groups the upper lanes are padding rows: stored as 0.
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i) store_quad_sums<N>(acc[i], c.s + (t0 + i) * c.sstride);
+    }
+  }
+};
+
+// qq for R <= 16 rows: padding rows and d-pairs are zero.
+void bf16_pack_q_quads(const float* q, int R, int D, MlaScratch& s) {
+  const int n_dp = D / 2, n_quads = (n_dp + 3) / 4, n_groups = (R + 3) / 4;
+  uint32_t* qq = reinterpret_cast<uint32_t*>(s.q);
+  std::fill(qq, qq + int64_t{n_groups} * n_quads * 16, 0u);
+  for (int r = 0; r < R; ++r) {
+    const float* src = q + int64_t{r} * D;
+    uint32_t* dst = qq + int64_t{r / 4} * n_quads * 16 + 4 * (r % 4);
+    int i = 0;
+    for (; 2 * i + 32 <= D; i += 16) {  // 16 d-pairs = 4 quads: four 16-byte stores
+      const __m512i b =
+          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 2 * i + 16), _mm512_loadu_ps(src + 2 * i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (i / 4) * 16), _mm512_extracti32x4_epi32(b, 0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (i / 4 + 1) * 16), _mm512_extracti32x4_epi32(b, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (i / 4 + 2) * 16), _mm512_extracti32x4_epi32(b, 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (i / 4 + 3) * 16), _mm512_extracti32x4_epi32(b, 3));
+    }
+    for (; i < n_dp; ++i) {
+      dst[(i / 4) * 16 + i % 4] = bf16_rne(src[2 * i]) | static_cast<uint32_t>(bf16_rne(src[2 * i + 1]))
+                                                             << 16;
+    }
+  }
+}
+
+struct PvCtx {
+  const uint32_t* p;  // pp[j][sstride]
+  int64_t sstride;
+  const uint16_t* v;  // vp[cb][j][32]
+  int64_t v_cb;       // n_tp * 32: one column block, all token pairs
+  int n_tp;
+  const float* alpha;
+  float* o;
+  int64_t dl;
+};
+
+template <int M, int N>
+struct PvTile {
+  static void run(int r0, int cb0, const PvCtx& c) {
+    if constexpr (M * N > 28) {
+      __builtin_trap();
+    } else {
+      __m512 acc[M][N];
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+      const uint16_t* v = c.v + cb0 * c.v_cb;
+      const uint32_t* p = c.p + r0;
+      for (int tp = 0; tp < c.n_tp; ++tp) {
+        __m512bh b[N];
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(v + j * c.v_cb + tp * 32);
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i) {
+          const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[tp * c.sstride + i]));
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+      }
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i) {
+        const __m512 al = _mm512_set1_ps(c.alpha[r0 + i]);
+        float* o = c.o + (r0 + i) * c.dl + cb0 * 16;
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j)
+          _mm512_storeu_ps(o + j * 16, _mm512_fmadd_ps(_mm512_loadu_ps(o + j * 16), al, acc[i][j]));
+      }
+    }
+  }
+};
+
+// Interleaves token rows 2tp and 2tp+1 for column blocks [cb0, cb0 + n_cb) (16 columns each) into
+// vp[j][tp][32]: (v[2tp][c], v[2tp+1][c]) pairs. Whole 32-column chunks use vpunpck{l,h}wd, which
+// interleave within 128-bit lanes, so their columns come out permuted (see bf16_finish_row) and
+// finish_row restores it; a last 16-column block is interleaved in order. A missing odd row is
+// zero. A few blocks at a time (8 KiB) stay in L1 while the PV tiles of every row read them.
+void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const int64_t v_cb = int64_t{n_tp} * 32;
+  for (int tp = 0; tp < n_tp; ++tp) {
+    const uint16_t* a = reinterpret_cast<const uint16_t*>(k.ptr + 2 * tp * k.stride) + cb0 * 16;
+    const bool has_b = 2 * tp + 1 < nt;
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(k.ptr + (2 * tp + 1) * k.stride) + cb0 * 16;
+    int j = 0;
+    for (; j + 2 <= n_cb; j += 2) {
+      const __m512i va = _mm512_loadu_si512(a + j * 16);
+      const __m512i vb = has_b ? _mm512_loadu_si512(b + j * 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_unpacklo_epi16(va, vb));
+      _mm512_storeu_si512(vp + (j + 1) * v_cb + tp * 32, _mm512_unpackhi_epi16(va, vb));
+    }
+    if (j < n_cb) {  // one 16-column block left
+      const __m512i va =
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j * 16)));
+      const __m512i vb =
+          has_b ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + j * 16)))
+                : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_permutex2var_epi16(va, lo, vb));
+    }
+  }
+}
+
+// One output row: O (32-column chunks in unpack order) times 1/l, columns back in order. Chunk
+// position p < 16 holds column 8(p/4) + p%4, position 16 + p holds column 8(p/4) + 4 + p%4.
+void bf16_finish_row(const float* o, float inv, int dl, float* out) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 vinv = _mm512_set1_ps(inv);
+  int c = 0;
+  for (; c + 32 <= dl; c += 32) {
+    const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(o + c), vinv),
+                 b = _mm512_mul_ps(_mm512_loadu_ps(o + c + 16), vinv);
+    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(a, first, b));
+    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(a, second, b));
+  }
+  if (c < dl) _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), vinv));
+}
+
+// P (already rounded to bf16 values) as pp[tp][r] = (p[2tp][r], p[2tp+1][r]); an odd tail gets 0.
+void bf16_pack_p(const float* s, int nt, int64_t sstride, int n_tp, uint32_t* pp) {
+  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                         22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int tp = 0; tp < n_tp; ++tp) {
+    const float* p0 = s + 2 * tp * sstride;
+    const bool has_1 = 2 * tp + 1 < nt;
+    for (int64_t r = 0; r < sstride; r += 16) {
+      const __m512 a = _mm512_loadu_ps(p0 + r);
+      const __m512 b = has_1 ? _mm512_loadu_ps(p0 + sstride + r) : _mm512_setzero_ps();
+      const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+      _mm512_storeu_si512(pp + tp * sstride + r, _mm512_permutexvar_epi16(inter, packed));
+    }
+  }
+}
+
+constexpr std::array<int, 4> kQkStep = {12, 12, 8, 6};
+constexpr int kPvBlock = 4;  // 16-column blocks of V packed at a time (8 KiB at 64-token pages)
+
+struct Bf16Isa {
+  using V = V512;
+  static constexpr bool kRoundP = true;
+  static void pack_q(const float* q, int R, int D, MlaScratch& s) {
+    if (R <= 16) {
+      bf16_pack_q_quads(q, R, D, s);
+    } else {
+      bf16_pack_q(q, R, D, s);
+    }
+  }
+  static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
+    return bf16_load_page(f, page, nt, s);
+  }
+  static void finish_row(const float* o, float inv, int dl, float* out) { bf16_finish_row(o, inv, dl, out); }
+  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+    const int n_dp = D / 2;
+    const auto* q = reinterpret_cast<const uint32_t*>(s.q);
+    if (rb_count == 1) {
+      const QkQuadCtx ctx{k.ptr, k.stride, q, int64_t{(n_dp + 3) / 4} * 16, n_dp / 4, n_dp % 4, s.s, sstride};
+      MlaTiler<QkQuadTile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
+    } else {
+      const QkCtx ctx{k.ptr, k.stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
+      MlaTiler<QkTile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
+    }
+  }
+  static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
+    const int n_tp = (nt + 1) / 2, n_cb = dl / 16;
+    uint16_t* vp = reinterpret_cast<uint16_t*>(s.v);
+    bf16_pack_p(s.s, nt, sstride, n_tp, s.p);
+    for (int cb0 = 0; cb0 < n_cb; cb0 += kPvBlock) {
+      const int nb = std::min(kPvBlock, n_cb - cb0);
+      bf16_pack_v(k, nt, cb0, nb, n_tp, vp);
+      const PvCtx ctx{s.p, sstride, vp, int64_t{n_tp} * 32, n_tp, s.alpha, s.o + cb0 * 16, dl};
+      MlaTiler<PvTile, 12, 4, PvCtx>::run(R, nb, kQkStep, ctx);
+    }
+  }
+};
+
+}  // namespace
+
+void mla_segment_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch) {
+  mla_segment_simd<Bf16Isa>(args, scratch);
+}
+
+}  // namespace fathom::internal
