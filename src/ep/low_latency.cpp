@@ -77,7 +77,8 @@ void stage_tokens(EpGroup::Impl& m, const DispatchInput& in, int p) {
       internal::encode_row(in.x.row_ptr(t), bf16, m.ll_format, m.ll_hidden,
                            sx + static_cast<uint64_t>(t) * row, ss + t * S);
   });
-  std::memcpy(m.at(m.rank, m.blk.s_idx[p]), in.topk_idx, static_cast<size_t>(m.ll_tokens * K) * 4);
+  if (m.ll_tokens > 0)
+    std::memcpy(m.at(m.rank, m.blk.s_idx[p]), in.topk_idx, static_cast<size_t>(m.ll_tokens * K) * 4);
   std::fill(m.ll_mycount.begin(), m.ll_mycount.end(), 0);
   for (int64_t i = 0; i < m.ll_tokens * K; ++i) {
     const int32_t e = in.topk_idx[i];

@@ -137,6 +137,11 @@ inline void row_to_f32(const Tensor& x, const Tensor& scales, int64_t row, float
   }
 }
 
+// Two float vectors hold the same bits (empty ones included).
+inline bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
 // Bytes of rows [0, n) of a view are identical.
 inline bool same_bytes(const Tensor& a, const Tensor& b, int64_t n) {
   if (n == 0) return true;
