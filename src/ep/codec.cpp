@@ -109,6 +109,18 @@ void axpy_row(float* acc, float w, const void* row, WireFormat f, int64_t n) {
   use_avx512() ? axpy_row_avx512(acc, w, row, f, n) : axpy_row_ref(acc, w, row, f, n);
 }
 
+void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
+  if (use_avx512() && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
+    copy_row_stream_avx512(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+void stream_fence() {
+  __builtin_ia32_sfence();
+}
+
 void decode_fp8_row(const uint8_t* q, const float* scales, int64_t n, float* out) {
   use_avx512() ? decode_fp8_row_avx512(q, scales, n, out) : decode_fp8_row_ref(q, scales, n, out);
 }

@@ -28,6 +28,13 @@ void axpy_row_ref(float* acc, float w, const void* row, WireFormat f, int64_t n)
 void decode_fp8_row(const uint8_t* q, const float* scales, int64_t n, float* out);
 void decode_fp8_row_ref(const uint8_t* q, const float* scales, int64_t n, float* out);
 
+// dst[0, bytes) = src[0, bytes), with non-temporal stores when dst is 64-byte aligned (rows sent to
+// another rank are not read again by this one: streaming them skips the read-for-ownership).
+// Callers publish the rows only after stream_fence().
+void copy_row_stream(void* dst, const void* src, uint64_t bytes);
+void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes);
+void stream_fence();
+
 // AVX-512 kernels (codec_avx512.cpp).
 void encode_row_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst, float* scales);
 void accumulate_row_avx512(float* acc, const void* row, WireFormat f, int64_t n);

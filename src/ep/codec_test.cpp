@@ -126,6 +126,23 @@ TEST(EpCodec, Avx512AccumulateAxpyAndDecodeMatchTheReferences) {
   }
 }
 
+TEST(EpCodec, StreamingRowCopyCopiesEveryByteAtAnyAlignmentAndSize) {
+  Rng rng(print_seed("stream copy"));
+  std::vector<uint8_t> src(20000), dst(20100);
+  for (auto& v : src) v = static_cast<uint8_t>(rng.next_u64());
+  for (uint64_t bytes :
+       {uint64_t{0}, uint64_t{63}, uint64_t{1024}, uint64_t{1088}, uint64_t{14336}, uint64_t{14337}}) {
+    for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{64}}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      uint8_t* d = dst.data() + ((64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64) + off;
+      copy_row_stream(d, src.data() + 3, bytes);
+      stream_fence();
+      ASSERT_EQ(0, bytes ? std::memcmp(d, src.data() + 3, bytes) : 0) << bytes << " at +" << off;
+      ASSERT_EQ(d[bytes], 0xEE) << "wrote past the end";
+    }
+  }
+}
+
 // The nearest e4m3 code by search over all finite codes (ties to the even code), saturating.
 uint8_t nearest_e4m3(float v) {
   int best = 0;

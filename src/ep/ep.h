@@ -112,7 +112,10 @@ struct EpOptions {
   int ranks_per_node = 0;
   bool hierarchical = false;   // normal mode across nodes: one copy per destination node
   int64_t timeout_ms = 60000;  // every wait fails after this long, naming the stalled peer
-  int spin_us = 50;            // busy-wait this long before yielding/blocking
+  // Normal-mode calls moving more than this many bytes per rank write rows with non-temporal
+  // stores (they leave the cache anyway; skipping the read-for-ownership saves bandwidth).
+  int64_t stream_min_bytes = int64_t{4} << 20;
+  int spin_us = 50;  // busy-wait this long before yielding/blocking
 };
 
 // Caller-owned record of one normal-mode dispatch, filled by dispatch() and used by combine()

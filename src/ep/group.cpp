@@ -65,7 +65,7 @@ uint64_t align_up(uint64_t v, uint64_t a) {
 
 // Every option, as fixed-size integers, so ranks can compare what they were created with.
 struct OptionsWire {
-  int64_t max_tokens_per_rank, hidden, max_recv_tokens, timeout_ms;
+  int64_t max_tokens_per_rank, hidden, max_recv_tokens, timeout_ms, stream_min_bytes;
   int32_t topk, num_experts, max_dispatch_format, combine_format, normal_mode, low_latency_mode,
       ranks_per_node, hierarchical;
   int32_t physical_node;  // lowest world rank sharing memory with this rank
@@ -77,6 +77,7 @@ OptionsWire to_wire(const EpOptions& o) {
           o.hidden,
           o.max_recv_tokens,
           o.timeout_ms,
+          o.stream_min_bytes,
           o.topk,
           o.num_experts,
           static_cast<int32_t>(o.max_dispatch_format),
@@ -140,6 +141,7 @@ Status compare_options(const std::vector<OptionsWire>& all) {
     FATHOM_EP_SAME(low_latency_mode)
     FATHOM_EP_SAME(ranks_per_node)
     FATHOM_EP_SAME(hierarchical)
+    FATHOM_EP_SAME(stream_min_bytes)
 #undef FATHOM_EP_SAME
   }
   return {};

@@ -138,11 +138,16 @@ void reduce_tokens(EpGroup::Impl& m, const Comb& c, const EpHandle& h, float* ou
   const uint64_t slot_bytes = static_cast<uint64_t>(m.T) * c.row;
   for (int r = 0; r < R; ++r) m.send_off[static_cast<size_t>(r)] = offset_at(h, R, m.rank, r);
   const auto& mine = m.node_ranks[static_cast<size_t>(m.my_node)];
+  // Large outputs are summed in a cache-resident row and streamed out (no read-for-ownership).
+  const uint64_t out_row = static_cast<uint64_t>(c.hidden) * 4;
+  const bool stream =
+      static_cast<int64_t>(static_cast<uint64_t>(h.num_tokens) * out_row) > m.opt.stream_min_bytes;
   default_pool().parallel_for(h.num_tokens, 16, [&](int64_t t0, int64_t t1, int thread) {
     uint8_t* scratch = m.scratch_for(thread);
     float* partial = reinterpret_cast<float*>(scratch + m.max_row + static_cast<uint64_t>(m.S) * 4);
+    float* sum = partial + m.opt.hidden;
     for (int64_t t = t0; t < t1; ++t) {
-      float* acc = out + t * c.hidden;
+      float* acc = stream ? sum : out + t * c.hidden;
       std::fill(acc, acc + c.hidden, 0.0f);
       const uint8_t* in = &lay.token_in_rank[static_cast<size_t>(t * R)];
       auto local_row = [&](int r) {
@@ -165,6 +170,7 @@ void reduce_tokens(EpGroup::Impl& m, const Comb& c, const EpHandle& h, float* ou
           }
           internal::accumulate_row(acc, row, c.f, c.hidden);
         }
+        if (stream) internal::copy_row_stream(out + t * c.hidden, acc, out_row);
         continue;
       }
       for (int n = 0; n < N; ++n) {
@@ -183,7 +189,9 @@ void reduce_tokens(EpGroup::Impl& m, const Comb& c, const EpHandle& h, float* ou
                              nullptr);  // rounded like a remote partial
         internal::accumulate_row(acc, scratch, c.f, c.hidden);
       }
+      if (stream) internal::copy_row_stream(out + t * c.hidden, acc, out_row);
     }
+    internal::stream_fence();
   });
 }
 

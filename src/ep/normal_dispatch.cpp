@@ -32,6 +32,7 @@ struct Call {
   int64_t tokens = 0, hidden = 0, S = 0;  // S: scale columns (kFP8) or 0
   uint64_t row = 0;                       // wire bytes of a row
   int K = 0;
+  bool stream = false;  // large dispatches stream rows to their slots (they leave the cache anyway)
 };
 
 // Byte offsets inside a pack slot (flat: rows, scales, ids, weights, source tokens; hierarchical:
@@ -100,7 +101,11 @@ struct RowWriter {
       internal::encode_row(src, c.src_bf16, c.f, c.hidden, scratch, sc);
       enc = scratch, enc_scales = sc;
     }
-    std::memcpy(dst, enc, c.row);
+    if (c.stream) {
+      internal::copy_row_stream(dst, enc, c.row);
+    } else {
+      std::memcpy(dst, enc, c.row);
+    }
     if (c.S) std::memcpy(dst_scales, enc_scales, static_cast<size_t>(c.S) * 4);
   }
 };
@@ -171,6 +176,7 @@ void push_rows(EpGroup::Impl& m, const Call& c, const EpHandle& h) {
         std::memcpy(rec.w(K), c.weights + t * K, static_cast<size_t>(K) * 4);
       }
     }
+    internal::stream_fence();  // streamed rows must be visible before "rows written" is published
   });
 }
 
@@ -283,7 +289,12 @@ void forward_proxied(EpGroup::Impl& m, const Call& c, EpHandle& h) {
           if (pos < 0) continue;
           const int r = mine[static_cast<size_t>(i)];
           const int64_t dst = off[i] + pos;
-          std::memcpy(m.at(r, m.blk.a_x) + static_cast<uint64_t>(dst) * c.row, row, c.row);
+          uint8_t* to = m.at(r, m.blk.a_x) + static_cast<uint64_t>(dst) * c.row;
+          if (c.stream) {
+            internal::copy_row_stream(to, row, c.row);
+          } else {
+            std::memcpy(to, row, c.row);
+          }
           if (c.S)
             std::memcpy(reinterpret_cast<float*>(m.at(r, m.blk.a_scales)) + dst * c.S, sc,
                         static_cast<size_t>(c.S) * 4);
@@ -298,6 +309,7 @@ void forward_proxied(EpGroup::Impl& m, const Call& c, EpHandle& h) {
           reinterpret_cast<int32_t*>(m.at(r, m.blk.a_src))[dst] = rec.src();
         }
       }
+      internal::stream_fence();
     });
     for (int i = 0; i < nl; ++i)
       m.bytes_moved += static_cast<uint64_t>(next[i]) * (c.row + static_cast<uint64_t>(c.S) * 4);
@@ -377,6 +389,7 @@ Status fill_handle(EpGroup::Impl& m, EpHandle& h) {
 
 Status run_dispatch(EpGroup::Impl& m, Call& c, EpHandle& h, DispatchOutput* out, Status local) {
   Timer total;
+  c.stream = static_cast<int64_t>(static_cast<uint64_t>(c.tokens) * c.row) > m.opt.stream_min_bytes;
   m.times = PhaseTimes{};
   m.bytes_moved = 0;
   if (local.ok() && !c.cached) {

@@ -208,6 +208,33 @@ TEST(EpNormal, SkewedRoutingWithEmptyRanksAndUnroutedTokens) {
   run_identity_combine(WireFormat::kBF16, WireFormat::kF32, 0.9, "EpNormal.Skewed");
 }
 
+// Transfers over stream_min_bytes write rows with non-temporal stores: the same bytes arrive.
+TEST(EpNormal, StreamingStoresDeliverTheSameBytes) {
+  EpOptions o = base_options();
+  o.stream_min_bytes = 0;  // rows of 272 f32 values are 1088 bytes: streamed, with a tail
+  Fixture f = make(o);
+  ASSERT_TRUE(f.group && f.oracle);
+  Rng rng(shared_seed("EpNormal.Streaming") + static_cast<uint64_t>(world_rank()) * 977);
+  for (WireFormat fmt : {WireFormat::kF32, WireFormat::kBF16, WireFormat::kFP8}) {
+    Routing r = random_routing(rng, 90, o.hidden, o.topk, o.num_experts);
+    DispatchOutput out, ref;
+    EP_ASSERT_OK(f.group->dispatch(r.input(fmt), &f.handle, &out));
+    EP_ASSERT_OK(f.oracle->dispatch(r.input(fmt), &ref));
+    expect_same_dispatch(out, ref, false);
+    const std::vector<float> y =
+        identity_experts(out, copy_f32(out.topk_weights), copy_i32(out.topk_idx), o.topk);
+    std::vector<float> got(static_cast<size_t>(r.tokens * o.hidden)), want(got.size());
+    Tensor yt = Tensor::contiguous(DType::kF32, {out.x.dim(0), o.hidden}, const_cast<float*>(y.data()));
+    EP_ASSERT_OK(
+        f.group->combine(yt, f.handle, Tensor::contiguous(DType::kF32, {r.tokens, o.hidden}, got.data())));
+    EP_ASSERT_OK(f.oracle->combine(yt, Tensor::contiguous(DType::kF32, {r.tokens, o.hidden}, want.data())));
+    if (!o.hierarchical) {
+      EXPECT_TRUE(same_floats(got, want));
+    }
+  }
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
 TEST(EpNormal, Fp8RowsDecodeWithinPerGroupBounds) {
   EpOptions o = base_options();
   Fixture f = make(o);
