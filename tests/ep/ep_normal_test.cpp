@@ -120,6 +120,19 @@ double tolerance(WireFormat dispatch, WireFormat combine, int ranks) {
   return tol;
 }
 
+// The ctest entry says how many nodes its launcher made (shared memory, ranks_per_node, TCP,
+// network-namespace hosts); the group must find exactly those.
+TEST(EpNormal, TheGroupSeesTheNodesTheLauncherMade) {
+  const int expect = env_int("FATHOM_EP_TEST_EXPECT_NODES", 0);
+  auto g = EpGroup::create(MPI_COMM_WORLD, base_options());
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  if (expect > 0) {
+    EXPECT_EQ((*g)->num_nodes(), expect);
+  }
+  for (int r = 1; r < world_size(); ++r) EXPECT_GE((*g)->node_of_rank(r), (*g)->node_of_rank(r - 1));
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
 TEST(EpNormal, DispatchMatchesTheAlltoallvOracleInEveryWireFormat) {
   EpOptions o = base_options();
   Fixture f = make(o);
