@@ -152,6 +152,11 @@ Status run_normal(Setup& s, ep::EpGroup& g, ep::AlltoallvBaseline& base, Samples
     Timer t1;
     TRY(g.combine(cin, h, Tensor::contiguous(DType::kF32, {s.o.tokens, H}, out_a.data())));
     const double c = t1.elapsed_s();
+    if (std::getenv("FATHOM_EP_BENCH_TRACE")) {
+      const ep::PhaseTimes& pt = g.last_times();
+      std::fprintf(stderr, "rank %d combine %.1f us: sync %.1f copy %.1f wait %.1f\n", s.rank, c * 1e6,
+                   pt.sync_s * 1e6, pt.copy_s * 1e6, pt.wait_s * 1e6);
+    }
     ep::DispatchOutput ref;
     MPI_Barrier(MPI_COMM_WORLD);
     Timer t2;
@@ -188,8 +193,15 @@ Status run_low_latency(Setup& s, ep::EpGroup& g, ep::AlltoallvBaseline& base, Sa
     ep::LowLatencyOutput out, ref;
     quiet_barrier();
     Timer t0;
-    TRY(g.ll_dispatch(s.input(), &out));
+    TRY(g.ll_dispatch_send(s.input()));
+    const double d_send = t0.elapsed_s();
+    TRY(g.ll_dispatch_recv(&out));
     const double d = t0.elapsed_s();
+    if (std::getenv("FATHOM_EP_BENCH_TRACE")) {
+      const ep::PhaseTimes& pt = g.last_times();
+      std::fprintf(stderr, "rank %d ll dispatch %.1f us: send %.1f, recv wait %.1f copy %.1f\n", s.rank,
+                   d * 1e6, d_send * 1e6, pt.wait_s * 1e6, pt.copy_s * 1e6);
+    }
     double rows = 0;
     for (int32_t c : out.count) rows += c;
     *recv_rows = rows;

@@ -54,9 +54,28 @@ inline __m128i e4m3_encode16(__m512 v) {
   return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
 }
 
+// A whole group of 128 values stays in eight registers between the amax and the encoding.
+void encode_fp8_group(const void* src, bool bf16, int64_t g0, uint8_t* dst, float* scale) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 v[8];
+  __m512 vmax = _mm512_setzero_ps();
+  for (int j = 0; j < 8; ++j) {
+    v[j] = load16(src, bf16, g0 + 16 * j, __mmask16(0xffff));
+    vmax = _mm512_max_ps(vmax, _mm512_and_ps(v[j], abs_mask));
+  }
+  const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
+  const __m512 inv = _mm512_set1_ps(448.0f / amax);
+  *scale = amax / 448.0f;
+  for (int j = 0; j < 8; ++j)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g0 + 16 * j), e4m3_encode16(_mm512_mul_ps(v[j], inv)));
+}
+
 void encode_fp8(const void* src, bool bf16, int64_t n, uint8_t* dst, float* scales) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (int64_t g0 = 0; g0 < n; g0 += kFp8Group) {
+  const int64_t full = n / kFp8Group * kFp8Group;
+  for (int64_t g0 = 0; g0 < full; g0 += kFp8Group)
+    encode_fp8_group(src, bf16, g0, dst, scales + g0 / kFp8Group);
+  for (int64_t g0 = full; g0 < n; g0 += kFp8Group) {
     const int64_t g1 = std::min(n, g0 + kFp8Group);
     __m512 vmax = _mm512_setzero_ps();
     for (int64_t i = g0; i < g1; i += 16)

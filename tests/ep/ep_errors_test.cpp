@@ -40,6 +40,30 @@ TEST(EpErrors, DifferentHiddenSizesFailOnEveryRankAndTheGroupRecovers) {
   EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
 }
 
+TEST(EpErrors, DifferentOperationsOnDifferentRanksFailOnEveryRank) {
+  EpOptions o = base_options();
+  auto g = EpGroup::create(MPI_COMM_WORLD, o);
+  ASSERT_TRUE(g.ok());
+  EpHandle h = (*g)->new_handle();
+  Rng rng(shared_seed("EpErrors.Op") + static_cast<uint64_t>(world_rank()));
+  Routing r = random_routing(rng, 12, o.hidden, o.topk, o.num_experts);
+  DispatchOutput out;
+  EP_ASSERT_OK((*g)->dispatch(r.input(WireFormat::kF32), &h, &out));
+  std::vector<float> y(static_cast<size_t>(out.x.dim(0) * o.hidden), 1.0f),
+      got(static_cast<size_t>(12 * o.hidden));
+  Status s;
+  if (world_rank() == 0) {  // rank 0 combines while the others dispatch again
+    s = (*g)->combine(Tensor::contiguous(DType::kF32, {out.x.dim(0), o.hidden}, y.data()), h,
+                      Tensor::contiguous(DType::kF32, {12, o.hidden}, got.data()));
+  } else {
+    s = (*g)->dispatch(r.input(WireFormat::kF32), &h, &out);
+  }
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(contains(s, "ranks disagree on the operation: rank 0 has combine, rank 1 has dispatch"))
+      << s.message();
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
 TEST(EpErrors, ABadExpertIdOnOneRankFailsTheDispatchOnEveryRank) {
   EpOptions o = base_options();
   auto g = EpGroup::create(MPI_COMM_WORLD, o);
