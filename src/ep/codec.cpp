@@ -88,6 +88,26 @@ void axpy_row_ref(float* acc, float w, const void* row, WireFormat f, int64_t n)
   }
 }
 
+void sum_rows_ref(float* out, const void* const* rows, int n, WireFormat f, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) acc += row_value(rows[j], f, i);
+    out[i] = acc;
+  }
+}
+
+void weighted_sum_rows_ref(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                           int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      const float p = w[j] * row_value(rows[j], f, i);
+      acc += p;
+    }
+    out[i] = acc;
+  }
+}
+
 void decode_fp8_row_ref(const uint8_t* q, const float* scales, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(q[i]) * scales[i / kFp8Group];
 }
@@ -115,6 +135,16 @@ void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
   } else {
     std::memcpy(dst, src, bytes);
   }
+}
+
+void sum_rows(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {
+  use_avx512() ? sum_rows_avx512(out, rows, n, f, count, stream) : sum_rows_ref(out, rows, n, f, count);
+}
+
+void weighted_sum_rows(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                       int64_t count) {
+  use_avx512() ? weighted_sum_rows_avx512(out, rows, w, n, f, count)
+               : weighted_sum_rows_ref(out, rows, w, n, f, count);
 }
 
 void stream_fence() {

@@ -24,6 +24,18 @@ void accumulate_row_ref(float* acc, const void* row, WireFormat f, int64_t n);
 void axpy_row(float* acc, float w, const void* row, WireFormat f, int64_t n);
 void axpy_row_ref(float* acc, float w, const void* row, WireFormat f, int64_t n);
 
+// out[i] = (((0 + rows[0][i]) + rows[1][i]) + ...) over n rows in kF32 or kBF16, summed in
+// registers and written once (with non-temporal stores when `stream` and out is 64-byte aligned).
+void sum_rows(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream);
+void sum_rows_ref(float* out, const void* const* rows, int n, WireFormat f, int64_t count);
+
+// out[i] = (((0 + w[0] * rows[0][i]) + w[1] * rows[1][i]) + ...), each product rounded to f32
+// before its addition (the same bits as axpy_row applied row by row to a zeroed out).
+void weighted_sum_rows(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                       int64_t count);
+void weighted_sum_rows_ref(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                           int64_t count);
+
 // out[i] = e4m3(q[i]) * scales[i / 128].
 void decode_fp8_row(const uint8_t* q, const float* scales, int64_t n, float* out);
 void decode_fp8_row_ref(const uint8_t* q, const float* scales, int64_t n, float* out);
@@ -40,5 +52,8 @@ void encode_row_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, 
 void accumulate_row_avx512(float* acc, const void* row, WireFormat f, int64_t n);
 void axpy_row_avx512(float* acc, float w, const void* row, WireFormat f, int64_t n);
 void decode_fp8_row_avx512(const uint8_t* q, const float* scales, int64_t n, float* out);
+void sum_rows_avx512(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream);
+void weighted_sum_rows_avx512(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                              int64_t count);
 
 }  // namespace fathom::ep::internal

@@ -145,6 +145,31 @@ void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes) {
   if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
 }
 
+void sum_rows_avx512(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {
+  stream = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = tail_mask(count - i);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) acc = _mm512_add_ps(acc, load_row16(rows[j], f, i, m));
+    if (stream && m == 0xffff) {
+      _mm512_stream_ps(out + i, acc);
+    } else {
+      _mm512_mask_storeu_ps(out + i, m, acc);
+    }
+  }
+}
+
+void weighted_sum_rows_avx512(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                              int64_t count) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = tail_mask(count - i);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(w[j]), load_row16(rows[j], f, i, m)));
+    _mm512_mask_storeu_ps(out + i, m, acc);
+  }
+}
+
 void decode_fp8_row_avx512(const uint8_t* q, const float* scales, int64_t n, float* out) {
   const __m512i k7 = _mm512_set1_epi32(7), k15 = _mm512_set1_epi32(15);
   for (int64_t i = 0; i < n; i += 16) {

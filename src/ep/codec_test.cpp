@@ -126,6 +126,49 @@ TEST(EpCodec, Avx512AccumulateAxpyAndDecodeMatchTheReferences) {
   }
 }
 
+TEST(EpCodec, Avx512SumRowsMatchesTheReferenceIncludingNegativeZero) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  Rng rng(print_seed("sum rows"));
+  for (int64_t n : kSizes)
+    for (int rows_n = 0; rows_n <= 5; ++rows_n)
+      for (WireFormat f : {WireFormat::kF32, WireFormat::kBF16}) {
+        std::vector<std::vector<float>> xs;
+        std::vector<std::vector<uint16_t>> bs;
+        std::vector<const void*> rows;
+        for (int j = 0; j < rows_n; ++j) {
+          xs.push_back(random_row(rng, n));
+          for (auto& v : xs.back())
+            if (rng.uniform() < 0.05) v = -0.0f;  // 0 + -0 must give +0 on both paths
+          bs.emplace_back(xs.back().size());
+          for (size_t i = 0; i < xs.back().size(); ++i) bs.back()[i] = f32_to_bf16(xs.back()[i]);
+        }
+        for (int j = 0; j < rows_n; ++j)
+          rows.push_back(f == WireFormat::kBF16 ? static_cast<const void*>(bs[static_cast<size_t>(j)].data())
+                                                : xs[static_cast<size_t>(j)].data());
+        alignas(64) static float a[8192], b[8192], c[8192];
+        sum_rows_ref(a, rows.data(), rows_n, f, n);
+        sum_rows_avx512(b, rows.data(), rows_n, f, n, false);
+        sum_rows_avx512(c, rows.data(), rows_n, f, n, true);
+        stream_fence();
+        ASSERT_EQ(0, std::memcmp(a, b, static_cast<size_t>(n) * 4)) << "n " << n << " rows " << rows_n;
+        ASSERT_EQ(0, std::memcmp(a, c, static_cast<size_t>(n) * 4))
+            << "streamed, n " << n << " rows " << rows_n;
+        std::vector<float> acc(static_cast<size_t>(n), 0.0f);  // the same as accumulating row by row
+        for (const void* r : rows) accumulate_row_ref(acc.data(), r, f, n);
+        ASSERT_EQ(0, std::memcmp(a, acc.data(), static_cast<size_t>(n) * 4));
+        std::vector<float> w(static_cast<size_t>(rows_n));
+        for (auto& v : w) v = rng.uniform_f(-1.5f, 1.5f);
+        weighted_sum_rows_ref(a, rows.data(), w.data(), rows_n, f, n);
+        weighted_sum_rows_avx512(b, rows.data(), w.data(), rows_n, f, n);
+        ASSERT_EQ(0, std::memcmp(a, b, static_cast<size_t>(n) * 4))
+            << "weighted, n " << n << " rows " << rows_n;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int j = 0; j < rows_n; ++j)
+          axpy_row_ref(acc.data(), w[static_cast<size_t>(j)], rows[static_cast<size_t>(j)], f, n);
+        ASSERT_EQ(0, std::memcmp(a, acc.data(), static_cast<size_t>(n) * 4)) << "weighted vs axpy";
+      }
+}
+
 TEST(EpCodec, StreamingRowCopyCopiesEveryByteAtAnyAlignmentAndSize) {
   Rng rng(print_seed("stream copy"));
   std::vector<uint8_t> src(20000), dst(20100);

@@ -141,11 +141,12 @@ struct DispatchInput {
 
 // Normal-mode output: views into the group's receive buffer.
 struct DispatchOutput {
-  Tensor x;             // [n_recv, hidden] in the wire format (u8 e4m3 for kFP8)
-  Tensor x_scales;      // kFP8: [n_recv, fp8_scale_cols] f32; else empty
-  Tensor topk_idx;      // [n_recv, topk] i32: local expert id (0..L-1) or -1 (not dispatched from cache)
-  Tensor topk_weights;  // [n_recv, topk] f32 (not dispatched from cache)
-  Tensor src_token;     // [n_recv] i32: token index at its source rank
+  Tensor x;         // [n_recv, hidden] in the wire format (u8 e4m3 for kFP8)
+  Tensor x_scales;  // kFP8: [n_recv, fp8_scale_cols] f32; else empty
+  // The next three are empty after dispatch_cached (the routes are the handle's).
+  Tensor topk_idx;                       // [n_recv, topk] i32: local expert id (0..L-1) or -1
+  Tensor topk_weights;                   // [n_recv, topk] f32
+  Tensor src_token;                      // [n_recv] i32: token index at its source rank
   std::span<const int32_t> rank_offset;  // [ranks + 1]: rows from source s are [off[s], off[s+1])
   // Rows grouped per local expert (ascending row order): expert e uses rows
   // expert_rows[expert_offset[e] .. expert_offset[e+1]) with weights expert_weights[same].
@@ -194,11 +195,14 @@ class EpGroup {
   Tensor combine_buffer(const EpHandle& handle, int64_t hidden);
   // expert_out: [handle.num_recv, hidden] f32/bf16, one row per received row (the caller's sum of
   // weight * expert(row) over its local experts). out: [handle.num_tokens, hidden] f32 receives,
-  // per token, the sum over destination ranks in ascending rank order, accumulated in f32.
+  // per token, the sum over destination ranks in ascending rank order, accumulated in f32
+  // (hierarchical: over nodes of per-node partial sums rounded to combine_format; docs/ep.md).
   Status combine(const Tensor& expert_out, const EpHandle& handle, Tensor out);
 
   // ---- Low-latency mode: ll_dispatch_send, ll_dispatch_recv, [ll_combine_send, ll_combine_recv]
-  Status ll_dispatch_send(const DispatchInput& in);  // topk_weights unused here
+  // Returns at once; a bad call (too many tokens, bad ids) still takes part and is reported by
+  // ll_dispatch_recv on every rank. topk_weights is unused here (combine takes the weights).
+  Status ll_dispatch_send(const DispatchInput& in);
   Status ll_dispatch_recv(LowLatencyOutput* out);
   Tensor ll_combine_buffer(int64_t hidden);  // [L, ranks * max_tokens_per_rank, hidden], shared
   // expert_out: [L, ranks * max_tokens_per_rank, hidden] f32/bf16 (rows as in the recv output).

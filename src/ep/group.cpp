@@ -311,6 +311,12 @@ Status plan_private(EpGroup::Impl& m) {
     offs.push_back(off);
     off += bytes;
   }
+  for (uint64_t msg : {m.send_pack_stride, m.ll_in_stride, m.ll_pack_stride, m.ll_cin_stride, m.header_msg})
+    if (msg >= (uint64_t{1} << 31))
+      return invalid_argument(
+          "ep: a message of {} bytes would exceed MPI's int counts; lower max_tokens_per_rank or "
+          "hidden",
+          msg);
   m.priv = TRY(internal::PrivateRegion::allocate(std::max<uint64_t>(off, kPage), "ep staging"));
   for (size_t i = 0; i < parts.size(); ++i)
     *parts[i].first = parts[i].second ? m.priv.data() + offs[i] : nullptr;

@@ -193,27 +193,28 @@ Status EpGroup::ll_combine_recv(const float* topk_weights, Tensor out) {
   float* o = out.ptr<float>();
   Timer copy;
   default_pool().parallel_for(m.ll_tokens, 8, [&](int64_t t0, int64_t t1, int) {
+    const void* rows[64];
+    float w[64];
     for (int64_t t = t0; t < t1; ++t) {
-      float* acc = o + t * hidden;
-      std::fill(acc, acc + hidden, 0.0f);
-      for (int k = 0; k < K; ++k) {
+      int n = 0;
+      for (int k = 0; k < K; ++k) {  // ascending k: out = ((0 + w0 r0) + w1 r1) + ...
         const int32_t e = idx[t * K + k];
         if (e < 0) continue;
         const int r = e / L, le = e % L;
         const int32_t slot = m.ll_slot[static_cast<size_t>(t * K + k)];
-        const uint8_t* row;
         if (m.is_local(r)) {
           const int32_t b = reinterpret_cast<const int32_t*>(m.at(r, m.blk.llbase))[le * R + m.rank];
-          row = m.at(r, m.blk.e_x) +
-                (static_cast<uint64_t>(le) * slots + static_cast<uint64_t>(b + slot)) * crow;
+          rows[n] = m.at(r, m.blk.e_x) +
+                    (static_cast<uint64_t>(le) * slots + static_cast<uint64_t>(b + slot)) * crow;
         } else {
           const size_t ri = static_cast<size_t>(
               std::lower_bound(m.remote_ranks.begin(), m.remote_ranks.end(), r) - m.remote_ranks.begin());
-          row = m.ll_cin + ri * m.ll_cin_stride + kMsgHead +
-                static_cast<uint64_t>(m.ll_prefix[static_cast<size_t>(e)] + slot) * crow;
+          rows[n] = m.ll_cin + ri * m.ll_cin_stride + kMsgHead +
+                    static_cast<uint64_t>(m.ll_prefix[static_cast<size_t>(e)] + slot) * crow;
         }
-        internal::axpy_row(acc, topk_weights[t * K + k], row, f, hidden);
+        w[n++] = topk_weights[t * K + k];
       }
+      internal::weighted_sum_rows(o + t * hidden, rows, w, n, f, hidden);
     }
   });
   m.times.copy_s = copy.elapsed_s();

@@ -77,15 +77,16 @@ void proxy_partials(EpGroup::Impl& m, const Comb& c, const EpHandle& h) {
     default_pool().parallel_for(n, 16, [&](int64_t j0, int64_t j1, int thread) {
       float* acc =
           reinterpret_cast<float*>(m.scratch_for(thread) + m.max_row + static_cast<uint64_t>(m.S) * 4);
+      const void* rows[64];
       for (int64_t j = j0; j < j1; ++j) {
-        std::fill(acc, acc + c.hidden, 0.0f);
+        int k = 0;
         for (int i = 0; i < nl; ++i) {
           const int32_t pos = m.positions[static_cast<size_t>(j * 64 + i)];
           if (pos < 0) continue;
-          const int r = mine[static_cast<size_t>(i)];
-          internal::accumulate_row(
-              acc, m.at(r, m.blk.b_x[c.parity]) + static_cast<uint64_t>(off[i] + pos) * c.row, c.f, c.hidden);
+          rows[k++] = m.at(mine[static_cast<size_t>(i)], m.blk.b_x[c.parity]) +
+                      static_cast<uint64_t>(off[i] + pos) * c.row;
         }
+        internal::sum_rows(acc, rows, k, c.f, c.hidden, false);
         internal::encode_row(acc, false, c.f, c.hidden, pack + static_cast<uint64_t>(j) * c.row, nullptr);
       }
     });
@@ -138,17 +139,16 @@ void reduce_tokens(EpGroup::Impl& m, const Comb& c, const EpHandle& h, float* ou
   const uint64_t slot_bytes = static_cast<uint64_t>(m.T) * c.row;
   for (int r = 0; r < R; ++r) m.send_off[static_cast<size_t>(r)] = offset_at(h, R, m.rank, r);
   const auto& mine = m.node_ranks[static_cast<size_t>(m.my_node)];
-  // Large outputs are summed in a cache-resident row and streamed out (no read-for-ownership).
+  // Large outputs are written with non-temporal stores (no read-for-ownership).
   const uint64_t out_row = static_cast<uint64_t>(c.hidden) * 4;
   const bool stream =
       static_cast<int64_t>(static_cast<uint64_t>(h.num_tokens) * out_row) > m.opt.stream_min_bytes;
   default_pool().parallel_for(h.num_tokens, 16, [&](int64_t t0, int64_t t1, int thread) {
     uint8_t* scratch = m.scratch_for(thread);
     float* partial = reinterpret_cast<float*>(scratch + m.max_row + static_cast<uint64_t>(m.S) * 4);
-    float* sum = partial + m.opt.hidden;
+    const void* rows[64];
     for (int64_t t = t0; t < t1; ++t) {
-      float* acc = stream ? sum : out + t * c.hidden;
-      std::fill(acc, acc + c.hidden, 0.0f);
+      float* acc = out + t * c.hidden;
       const uint8_t* in = &lay.token_in_rank[static_cast<size_t>(t * R)];
       auto local_row = [&](int r) {
         return m.at(r, m.blk.b_x[c.parity]) +
@@ -156,40 +156,39 @@ void reduce_tokens(EpGroup::Impl& m, const Comb& c, const EpHandle& h, float* ou
                                      lay.slot_in_rank[static_cast<size_t>(t * R + r)]) *
                    c.row;
       };
-      if (!m.opt.hierarchical) {
+      int n = 0;
+      if (!m.opt.hierarchical) {  // ranks ascending, summed in registers: ((0 + r0) + r1) + ...
         for (int r = 0; r < R; ++r) {
           if (!in[r]) continue;
-          const uint8_t* row;
           if (m.is_local(r)) {
-            row = local_row(r);
+            rows[n++] = local_row(r);
           } else {
             const size_t di = static_cast<size_t>(
                 std::lower_bound(m.remote_ranks.begin(), m.remote_ranks.end(), r) - m.remote_ranks.begin());
-            row = m.comb_stage + di * slot_bytes +
-                  static_cast<uint64_t>(lay.slot_in_rank[static_cast<size_t>(t * R + r)]) * c.row;
+            rows[n++] = m.comb_stage + di * slot_bytes +
+                        static_cast<uint64_t>(lay.slot_in_rank[static_cast<size_t>(t * R + r)]) * c.row;
           }
-          internal::accumulate_row(acc, row, c.f, c.hidden);
         }
-        if (stream) internal::copy_row_stream(out + t * c.hidden, acc, out_row);
+        internal::sum_rows(acc, rows, n, c.f, c.hidden, stream);
         continue;
       }
-      for (int n = 0; n < N; ++n) {
-        const int32_t ns = lay.slot_in_node[static_cast<size_t>(t * N + n)];
+      for (int nd = 0; nd < N; ++nd) {  // nodes ascending; this node's partial rounded like a remote one
+        const int32_t ns = lay.slot_in_node[static_cast<size_t>(t * N + nd)];
         if (ns < 0) continue;
-        if (n != m.my_node) {
-          internal::accumulate_row(
-              acc, m.comb_stage + static_cast<uint64_t>(n) * slot_bytes + static_cast<uint64_t>(ns) * c.row,
-              c.f, c.hidden);
+        if (nd != m.my_node) {
+          rows[n++] =
+              m.comb_stage + static_cast<uint64_t>(nd) * slot_bytes + static_cast<uint64_t>(ns) * c.row;
           continue;
         }
-        std::fill(partial, partial + c.hidden, 0.0f);
+        const void* peers[64];
+        int np = 0;
         for (int r : mine)
-          if (in[r]) internal::accumulate_row(partial, local_row(r), c.f, c.hidden);
-        internal::encode_row(partial, false, c.f, c.hidden, scratch,
-                             nullptr);  // rounded like a remote partial
-        internal::accumulate_row(acc, scratch, c.f, c.hidden);
+          if (in[r]) peers[np++] = local_row(r);
+        internal::sum_rows(partial, peers, np, c.f, c.hidden, false);
+        internal::encode_row(partial, false, c.f, c.hidden, scratch, nullptr);
+        rows[n++] = scratch;
       }
-      if (stream) internal::copy_row_stream(out + t * c.hidden, acc, out_row);
+      internal::sum_rows(acc, rows, n, c.f, c.hidden, stream);
     }
     internal::stream_fence();
   });
