@@ -408,6 +408,7 @@ Status run_dispatch(EpGroup::Impl& m, Call& c, EpHandle& h, DispatchOutput* out,
   mine.handle_id = c.cached ? h.dispatch_id : m.seq;
   internal::set_error(&mine, local);
   const bool have = local.ok();
+  if (!c.cached) h.dispatch_id = 0;  // a failed dispatch leaves the handle unusable, not stale
   Timer sync;
   TRY(m.exchange_headers(mine, have ? h.layout.tokens_per_rank.data() : nullptr,
                          have ? h.layout.tokens_per_node.data() : nullptr));

@@ -27,6 +27,11 @@ TEST(EpErrors, DifferentHiddenSizesFailOnEveryRankAndTheGroupRecovers) {
   EXPECT_TRUE(contains(s, "hidden size")) << s.message();
   EXPECT_TRUE(contains(s, "rank " + std::to_string(odd) + " has " + std::to_string(o.hidden - 16)))
       << s.message();
+  // The failed dispatch left the handle unfilled: combining with it is refused everywhere.
+  std::vector<float> y(16), got(static_cast<size_t>(20 * o.hidden));
+  s = (*g)->combine(Tensor::contiguous(DType::kF32, {0, o.hidden}, y.data()), h,
+                    Tensor::contiguous(DType::kF32, {20, o.hidden}, got.data()));
+  EXPECT_TRUE(contains(s, "never filled")) << s.message();
   // Low-latency mode too: the mismatch travels with the rows and fails ll_dispatch_recv everywhere.
   LowLatencyOutput ll;
   EP_ASSERT_OK((*g)->ll_dispatch_send(r.input(WireFormat::kBF16)));
