@@ -152,6 +152,8 @@ TEST(EpErrors, DifferentOptionsAtCreationFailOnEveryRank) {
 }
 
 TEST(EpErrors, ARankThatNeverCallsMakesTheOthersTimeOutNamingIt) {
+  // Seconds of waiting by design: run where the ctest entry asks (shared memory, MPI, mixed).
+  if (env_int("FATHOM_EP_TEST_TIMEOUTS", 0) == 0) GTEST_SKIP() << "FATHOM_EP_TEST_TIMEOUTS=1 runs it";
   EpOptions o = base_options();
   o.timeout_ms = 1500;
   auto g = EpGroup::create(MPI_COMM_WORLD, o);
