@@ -1,0 +1,193 @@
+// AVX-512 row codecs: the same arithmetic as the scalar references in codec.cpp, 16 lanes at a
+// time with masked tails. e4m3 encoding is done with integer operations on the f32 bits
+// (round-to-nearest-even on the mantissa, subnormals through an exact x*512 and a rounding
+// conversion, saturation to 448), since AVX-512 has no FP8 conversion instruction.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ep/codec.h"
+
+namespace fathom::ep::internal {
+namespace {
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+}
+
+inline __m512 load16(const void* src, bool bf16, int64_t i, __mmask16 m) {
+  if (bf16) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i);
+}
+
+inline __m256i f32_to_bf16_16(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i q = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+  r = _mm512_mask_blend_epi32(nan, r, q);
+  return _mm512_cvtepi32_epi16(r);
+}
+
+inline __m128i e4m3_encode16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+  const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 sat = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x43e80000));  // >= 464
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x3c800000));  // < 2^-6
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(a, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7ffff)));
+  // (biased f32 exponent - 120) << 3 | top three mantissa bits == (r >> 20) - 960
+  __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960));
+  code = _mm512_min_epu32(code, _mm512_set1_epi32(0x7e));
+  const __m512i subc = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)));
+  code = _mm512_mask_blend_epi32(sub, code, subc);
+  code = _mm512_mask_blend_epi32(sat, code, _mm512_set1_epi32(0x7e));
+  code = _mm512_mask_blend_epi32(nan, code, _mm512_set1_epi32(0x7f));
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+}
+
+// A whole group of 128 values stays in eight registers between the amax and the encoding.
+void encode_fp8_group(const void* src, bool bf16, int64_t g0, uint8_t* dst, float* scale) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 v[8];
+  __m512 vmax = _mm512_setzero_ps();
+  for (int j = 0; j < 8; ++j) {
+    v[j] = load16(src, bf16, g0 + 16 * j, __mmask16(0xffff));
+    vmax = _mm512_max_ps(vmax, _mm512_and_ps(v[j], abs_mask));
+  }
+  const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
+  const __m512 inv = _mm512_set1_ps(448.0f / amax);
+  *scale = amax / 448.0f;
+  for (int j = 0; j < 8; ++j)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g0 + 16 * j), e4m3_encode16(_mm512_mul_ps(v[j], inv)));
+}
+
+void encode_fp8(const void* src, bool bf16, int64_t n, uint8_t* dst, float* scales) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const int64_t full = n / kFp8Group * kFp8Group;
+  for (int64_t g0 = 0; g0 < full; g0 += kFp8Group)
+    encode_fp8_group(src, bf16, g0, dst, scales + g0 / kFp8Group);
+  for (int64_t g0 = full; g0 < n; g0 += kFp8Group) {
+    const int64_t g1 = std::min(n, g0 + kFp8Group);
+    __m512 vmax = _mm512_setzero_ps();
+    for (int64_t i = g0; i < g1; i += 16)
+      vmax = _mm512_max_ps(vmax, _mm512_and_ps(load16(src, bf16, i, tail_mask(g1 - i)), abs_mask));
+    const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
+    const __m512 inv = _mm512_set1_ps(448.0f / amax);
+    scales[g0 / kFp8Group] = amax / 448.0f;
+    for (int64_t i = g0; i < g1; i += 16) {
+      const __mmask16 m = tail_mask(g1 - i);
+      const __m128i q = e4m3_encode16(_mm512_mul_ps(load16(src, bf16, i, m), inv));
+      _mm_mask_storeu_epi8(dst + i, m, q);
+    }
+  }
+}
+
+inline __m512 load_row16(const void* row, WireFormat f, int64_t i, __mmask16 m) {
+  return load16(row, f == WireFormat::kBF16, i, m);
+}
+
+}  // namespace
+
+void encode_row_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst, float* scales) {
+  if (f == WireFormat::kFP8) return encode_fp8(src, src_bf16, n, static_cast<uint8_t*>(dst), scales);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 v = load16(src, src_bf16, i, m);
+    if (f == WireFormat::kF32) {
+      _mm512_mask_storeu_ps(static_cast<float*>(dst) + i, m, v);
+    } else {
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(dst) + i, m, f32_to_bf16_16(v));
+    }
+  }
+}
+
+void accumulate_row_avx512(float* acc, const void* row, WireFormat f, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 a = _mm512_maskz_loadu_ps(m, acc + i);
+    _mm512_mask_storeu_ps(acc + i, m, _mm512_add_ps(a, load_row16(row, f, i, m)));
+  }
+}
+
+void axpy_row_avx512(float* acc, float w, const void* row, WireFormat f, int64_t n) {
+  const __m512 vw = _mm512_set1_ps(w);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 a = _mm512_maskz_loadu_ps(m, acc + i);
+    const __m512 p = _mm512_mul_ps(vw, load_row16(row, f, i, m));
+    _mm512_mask_storeu_ps(acc + i, m, _mm512_add_ps(a, p));
+  }
+}
+
+void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes) {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  uint64_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    const __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64);
+    const __m512i c = _mm512_loadu_si512(s + i + 128), e = _mm512_loadu_si512(s + i + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 64), b);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 128), c);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 192), e);
+  }
+  for (; i + 64 <= bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(s + i));
+  if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
+}
+
+void sum_rows_avx512(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {
+  stream = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = tail_mask(count - i);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) acc = _mm512_add_ps(acc, load_row16(rows[j], f, i, m));
+    if (stream && m == 0xffff) {
+      _mm512_stream_ps(out + i, acc);
+    } else {
+      _mm512_mask_storeu_ps(out + i, m, acc);
+    }
+  }
+}
+
+void weighted_sum_rows_avx512(float* out, const void* const* rows, const float* w, int n, WireFormat f,
+                              int64_t count) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = tail_mask(count - i);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(w[j]), load_row16(rows[j], f, i, m)));
+    _mm512_mask_storeu_ps(out + i, m, acc);
+  }
+}
+
+void decode_fp8_row_avx512(const uint8_t* q, const float* scales, int64_t n, float* out) {
+  const __m512i k7 = _mm512_set1_epi32(7), k15 = _mm512_set1_epi32(15);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, q + i));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi32(b, 3), k15);
+    const __m512i mant = _mm512_and_si512(b, k7);
+    __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(120)), 23),
+                                   _mm512_slli_epi32(mant, 20));
+    const __m512i sub =
+        _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mant), _mm512_set1_ps(0.001953125f)));
+    bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), bits, sub);
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(e, k15) & _mm512_cmpeq_epi32_mask(mant, k7);
+    bits = _mm512_mask_blend_epi32(nan, bits, _mm512_set1_epi32(0x7fc00000));
+    const __m512 v = _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_set1_ps(scales[i / kFp8Group])));
+  }
+}
+
+}  // namespace fathom::ep::internal
