@@ -110,8 +110,10 @@ struct Costs {
   double b = 2;              // full backward (input + weight gradients)
   double w = 1;              // weight-gradient part of b
   std::optional<double> fb;  // overlapped F&B; defaults to f + b
+  std::optional<double> bi;  // input-gradient op; defaults to b - w (set it from measurements)
   double p2p = 0;            // latency from a send to its data being usable by the receiver
   double fb_cost() const { return fb ? *fb : f + b; }
+  double bi_cost() const { return bi ? *bi : b - w; }
 };
 Status check_costs(const Costs& costs);
 

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "base/function_ref.h"
+
 #include "pipeline/pipeline.h"
 
 namespace fathom::pipeline {
@@ -28,6 +30,10 @@ struct Flow {
 // ones included. Returns the count written to `out`.
 int op_inputs(const Schedule& s, const Op& op, Flow out[2]);
 int op_outputs(const Schedule& s, const Op& op, Flow out[2]);
+
+// Runs the ops under dependency semantics (as simulate() does) and calls visit(rank, op index) for
+// each op in an order where every op comes after everything it depends on. Error on deadlock.
+Status walk_schedule(const Schedule& s, FunctionRef<void(int rank, size_t index)> visit);
 
 std::vector<Op> insert_communication(const Schedule& s, int rank, const std::vector<Op>& compute);
 

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "base/check.h"
+#include "base/function_ref.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule_impl.h"
 
@@ -21,7 +22,8 @@ constexpr double kNotYet = std::numeric_limits<double>::quiet_NaN();
 
 class Engine {
  public:
-  Engine(const Schedule& s, const Costs& c) : s_(s), c_(c) {
+  Engine(const Schedule& s, const Costs& c, FunctionRef<void(int rank, size_t index)>* visit = nullptr)
+      : s_(s), c_(c), visit_(visit) {
     const size_t n = static_cast<size_t>(s.n_stages) * static_cast<size_t>(s.params.n_microbatches);
     f_end_.assign(n, kNotYet);
     g_end_.assign(n, kNotYet);
@@ -72,7 +74,7 @@ class Engine {
       case OpKind::kBackward:
         return c_.b;
       case OpKind::kBackwardInput:
-        return c_.b - c_.w;
+        return c_.bi_cost();
       case OpKind::kWeight:
         return c_.w;
       case OpKind::kForwardBackward:
@@ -143,6 +145,7 @@ class Engine {
       clock_[r] = time.end;
       record(op, time.end);
     }
+    if (visit_) (*visit_)(rank, next_[r]);
     ++next_[r];
     return true;
   }
@@ -167,6 +170,7 @@ class Engine {
 
   const Schedule& s_;
   const Costs& c_;
+  FunctionRef<void(int, size_t)>* visit_;
   std::vector<double> f_end_, g_end_;     // [stage * n_microbatches + mb]
   std::unordered_map<int, double> sent_;  // tag -> post time of its send
   std::vector<size_t> next_;
@@ -187,7 +191,16 @@ Status check_costs(const Costs& c) {
   if (c.fb && (!finite(*c.fb) || *c.fb <= 0)) {
     return invalid_argument("cost F&B must be a positive number, got {}", *c.fb);
   }
+  if (c.bi && (!finite(*c.bi) || *c.bi < 0)) {
+    return invalid_argument("cost of the input-gradient op must be >= 0, got {}", *c.bi);
+  }
   if (!finite(c.p2p) || c.p2p < 0) return invalid_argument("p2p latency must be >= 0, got {}", c.p2p);
+  return {};
+}
+
+Status walk_schedule(const Schedule& s, FunctionRef<void(int rank, size_t index)> visit) {
+  Engine engine(s, Costs{}, &visit);
+  if (!engine.run()) return failed_precondition("deadlock: {}", engine.stuck_report());
   return {};
 }
 
