@@ -6,9 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/fs.h"
+#include "base/thread_pool.h"
 #include "cli/args.h"
 #include "cli/command.h"
 #include "pipeline/pipeline.h"
@@ -135,31 +137,6 @@ int run_show(int argc, char** argv) {
   return 0;
 }
 
-// MPI for the duration of a command: initialised unless someone already did, finalised if we did.
-class MpiSession {
- public:
-  MpiSession() {
-    int done = 0;
-    MPI_Initialized(&done);
-    if (!done) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      owned_ = true;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  }
-  ~MpiSession() {
-    if (owned_) MPI_Finalize();
-  }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-
- private:
-  bool owned_ = false;
-  int rank_ = 0, size_ = 1;
-};
-
 struct TrainCliOptions {
   std::string schedule = "dualpipe";
   int microbatches = 0;
@@ -171,6 +148,7 @@ struct TrainCliOptions {
   int64_t seed = 1;
   double delay_ms = 0;
   bool verify = false, grid = false, json = false;
+  std::string fault;
   std::string trace, svg;
 };
 
@@ -198,6 +176,14 @@ Result<TrainOptions> to_train_options(const TrainCliOptions& c, int n_ranks) {
   if (c.delay_ms < 0) return invalid_argument("--delay-ms must be >= 0, got {}", c.delay_ms);
   o.delay_ms_max = c.delay_ms;
   o.verify = c.verify;
+  if (c.fault == "drop-weight-grad") {
+    o.fault = ExecutorOptions::Fault::kDropWeightGradient;
+  } else if (c.fault == "corrupt-activation") {
+    o.fault = ExecutorOptions::Fault::kCorruptActivation;
+  } else if (!c.fault.empty()) {
+    return invalid_argument("--inject-fault must be drop-weight-grad or corrupt-activation, got '{}'",
+                            c.fault);
+  }
   return o;
 }
 
@@ -218,6 +204,7 @@ nlohmann::json train_json(const TrainOptions& o, const TrainReport& r) {
                      {"bubble_fraction", m.bubble_fraction},
                      {"predicted_makespan_ms", m.predicted_makespan},
                      {"predicted_bubble_fraction", m.predicted_bubble_fraction},
+                     {"replayed_bubble_fraction", m.replayed_bubble_fraction},
                      {"sync_ms", m.sync_ms},
                      {"costs_ms", costs_json(m.costs)}});
   }
@@ -289,6 +276,8 @@ int run_pipeline_train(int argc, char** argv) {
   args.option("--seed", &c.seed, "weights and data seed");
   args.option("--delay-ms", &c.delay_ms, "sleep up to this long before each op (results must not change)");
   args.flag("--verify", &c.verify, "compare with a single-process run (exit 1 if it differs)");
+  args.option("--inject-fault", &c.fault, "testing --verify: drop-weight-grad|corrupt-activation on rank 0",
+              "NAME");
   args.option("--trace", &c.trace, "write the last step as a Chrome trace JSON", "FILE");
   args.option("--svg", &c.svg, "write the last step as an SVG timeline", "FILE");
   args.flag("--grid", &c.grid, "print the last step as a text grid");
@@ -297,6 +286,9 @@ int run_pipeline_train(int argc, char** argv) {
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
   MpiSession mpi;
+  if (!args.given("--threads") && std::getenv("FATHOM_THREADS") == nullptr) {
+    set_default_pool_threads(threads_per_local_rank(MPI_COMM_WORLD));
+  }
   auto options = to_train_options(c, mpi.size());
   if (!options.ok()) return fail(args.command(), options.status());
   auto report = train(*options, MPI_COMM_WORLD);

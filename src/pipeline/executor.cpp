@@ -66,6 +66,12 @@ class ExecutorImpl final : public Executor<T> {
   Status run_op(size_t i, StepStats& stats);
   void run_compute(size_t i, const Op& op, StepStats& stats);
   void forward_half(const Op& op, const OpBuffers& b, const T** in, T** out);
+  // True once, on rank 0 in step 0, if `fault` is the one to inject.
+  bool inject(ExecutorOptions::Fault fault) {
+    if (options_.fault != fault || rank_ != 0 || step_ != 0 || injected_) return false;
+    injected_ = true;
+    return true;
+  }
   int acquire_slot(const Task& t);
   void release_slot(const Task& t);
   Status exchange_gradients();
@@ -88,6 +94,7 @@ class ExecutorImpl final : public Executor<T> {
   std::vector<AdamW<T>> adamw_;
   std::vector<std::vector<T>> peer_grads_;  // DualPipe: the other copy's gradients [chunk]
   int64_t step_ = 0;
+  bool injected_ = false;
 };
 
 template <typename T>
@@ -231,7 +238,7 @@ void ExecutorImpl<T>::run_compute(size_t i, const Op& op, StepStats& stats) {
       m.backward_input(slot_of(op.task), buffer(b.out_grad),
                        op.task.stage == 0 ? nullptr : buffer(b.in_grad));
       if (op.kind == OpKind::kBackward) {
-        m.backward_weight(slot_of(op.task));
+        if (!inject(ExecutorOptions::Fault::kDropWeightGradient)) m.backward_weight(slot_of(op.task));
         release_slot(op.task);
       } else {
         fifo_.push_back(op.task);
@@ -241,7 +248,9 @@ void ExecutorImpl<T>::run_compute(size_t i, const Op& op, StepStats& stats) {
     case OpKind::kWeight: {
       CHECK(!fifo_.empty() && fifo_.front() == op.task);
       fifo_.pop_front();
-      chunks_[size_t(chunk_of(op.task))]->backward_weight(slot_of(op.task));
+      if (!inject(ExecutorOptions::Fault::kDropWeightGradient)) {
+        chunks_[size_t(chunk_of(op.task))]->backward_weight(slot_of(op.task));
+      }
       release_slot(op.task);
       break;
     }
@@ -274,6 +283,10 @@ Status ExecutorImpl<T>::run_op(size_t i, StepStats& stats) {
   if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
     const int count = static_cast<int>(class_elems_[size_t(b.buffer.cls)]);
     T* data = buffer(b.buffer);
+    if (op.kind == OpKind::kSend && op.payload == Payload::kActivation &&
+        inject(ExecutorOptions::Fault::kCorruptActivation)) {
+      data[0] += T(1);
+    }
     const int rc = op.kind == OpKind::kSend
                        ? MPI_Isend(data, count, type, op.peer, op.tag, comm_, &requests_[i])
                        : MPI_Irecv(data, count, type, op.peer, op.tag, comm_, &requests_[i]);

@@ -94,6 +94,10 @@ struct ExecutorOptions {
   // and step). Results must not change.
   double delay_ms_max = 0;
   uint64_t delay_seed = 1;
+  // Testing the checks: break one thing on rank 0 in step 0 (skip its first weight-gradient pass,
+  // or add 1 to the first activation it sends).
+  enum class Fault : uint8_t { kNone, kDropWeightGradient, kCorruptActivation };
+  Fault fault = Fault::kNone;
 };
 
 // One compute op of this rank, timed from the step's start (after a barrier), in milliseconds.

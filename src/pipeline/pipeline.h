@@ -134,6 +134,10 @@ struct Simulation {
 // Runs every rank's ops in order; an op starts when its rank is free and its inputs are there (a
 // remote input arrives p2p after its send). Exact for integer costs. Errors: bad costs, deadlock.
 Result<Simulation> simulate(const Schedule& schedule, const Costs& costs);
+// The same with every op's own cost ([rank][op], 0 for sends and receives): a measured run replayed
+// without its waiting, to separate compute-time variation from communication and scheduling.
+Result<Simulation> replay(const Schedule& schedule, const std::vector<std::vector<double>>& op_durations,
+                          double p2p);
 
 // Most simultaneously live activations of each local chunk of `rank` (F to its W or full B): the
 // number of saved-activation slots a stage module needs.

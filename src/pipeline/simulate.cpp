@@ -67,7 +67,8 @@ class Engine {
            static_cast<size_t>(t.mb);
   }
 
-  double cost(const Op& op) const {
+  double cost(size_t rank, size_t index, const Op& op) const {
+    if (durations_ != nullptr) return (*durations_)[rank][index];
     switch (op.kind) {
       case OpKind::kForward:
         return c_.f;
@@ -141,7 +142,7 @@ class Engine {
       const double t = ready(rank, op);
       if (std::isnan(t)) return false;
       time.start = std::max(clock_[r], t);
-      time.end = time.start + cost(op);
+      time.end = time.start + cost(r, next_[r], op);
       clock_[r] = time.end;
       record(op, time.end);
     }
@@ -171,6 +172,11 @@ class Engine {
   const Schedule& s_;
   const Costs& c_;
   FunctionRef<void(int, size_t)>* visit_;
+
+ public:
+  const std::vector<std::vector<double>>* durations_ = nullptr;  // replay: [rank][op] costs
+
+ private:
   std::vector<double> f_end_, g_end_;     // [stage * n_microbatches + mb]
   std::unordered_map<int, double> sent_;  // tag -> post time of its send
   std::vector<size_t> next_;
@@ -250,10 +256,13 @@ int peak_activations(const Schedule& s, int rank) {
 }
 }  // namespace
 
-Result<Simulation> simulate(const Schedule& s, const Costs& costs) {
-  TRY(check_costs(costs));
+namespace {
+
+Result<Simulation> run_engine(const Schedule& s, const Costs& costs,
+                              const std::vector<std::vector<double>>* durations) {
   TRY(validate(s));
   Engine engine(s, costs);
+  engine.durations_ = durations;
   if (!engine.run()) return failed_precondition("deadlock: {}", engine.stuck_report());
   Simulation sim;
   const size_t n = s.ranks.size();
@@ -269,6 +278,32 @@ Result<Simulation> simulate(const Schedule& s, const Costs& costs) {
   for (size_t r = 0; r < n; ++r) sim.idle.push_back(sim.makespan - sim.busy[r]);
   sim.bubble = *std::max_element(sim.idle.begin(), sim.idle.end());
   return sim;
+}
+
+}  // namespace
+
+Result<Simulation> simulate(const Schedule& s, const Costs& costs) {
+  TRY(check_costs(costs));
+  return run_engine(s, costs, nullptr);
+}
+
+Result<Simulation> replay(const Schedule& s, const std::vector<std::vector<double>>& op_durations,
+                          double p2p) {
+  if (op_durations.size() != s.ranks.size()) {
+    return invalid_argument("replay: {} ranks of durations for {} ranks", op_durations.size(),
+                            s.ranks.size());
+  }
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    if (op_durations[r].size() != s.ranks[r].size()) {
+      return invalid_argument("replay: rank {} has {} durations for {} ops", r, op_durations[r].size(),
+                              s.ranks[r].size());
+    }
+    for (double d : op_durations[r]) {
+      if (!std::isfinite(d) || d < 0) return invalid_argument("replay: rank {} has a duration of {}", r, d);
+    }
+  }
+  if (!std::isfinite(p2p) || p2p < 0) return invalid_argument("p2p latency must be >= 0, got {}", p2p);
+  return run_engine(s, Costs{.p2p = p2p}, &op_durations);
 }
 
 }  // namespace fathom::pipeline

@@ -227,6 +227,31 @@ TEST(PipelineSimulate, NoOpStartsBeforeItsInputsArrive) {
   }
 }
 
+TEST(PipelineSimulate, ReplayWithKindCostsEqualsSimulate) {
+  const Costs c{.f = 3, .b = 5, .w = 2, .fb = 7, .p2p = 1};
+  auto s = make_schedule({.kind = ScheduleKind::kDualPipe, .n_ranks = 4, .n_microbatches = 10});
+  ASSERT_TRUE(s.ok());
+  std::vector<std::vector<double>> d(4);
+  for (size_t r = 0; r < 4; ++r) {
+    for (const Op& op : s->ranks[r]) {
+      const double cost = op.kind == OpKind::kForward           ? c.f
+                          : op.kind == OpKind::kBackward        ? c.b
+                          : op.kind == OpKind::kBackwardInput   ? c.b - c.w
+                          : op.kind == OpKind::kWeight          ? c.w
+                          : op.kind == OpKind::kForwardBackward ? *c.fb
+                                                                : 0;
+      d[r].push_back(cost);
+    }
+  }
+  auto a = simulate(*s, c);
+  auto b = replay(*s, d, c.p2p);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->makespan, b->makespan);
+  EXPECT_EQ(a->idle, b->idle);
+  d[1].pop_back();
+  EXPECT_FALSE(replay(*s, d, 0).ok());
+}
+
 TEST(PipelineSimulate, RejectsBadCosts) {
   auto s = make_schedule({.kind = ScheduleKind::kOneFOneB, .n_ranks = 2, .n_microbatches = 4});
   ASSERT_TRUE(s.ok());

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "base/check.h"
 #include "base/rng.h"
@@ -142,7 +143,8 @@ Result<TrainReport> Driver<T>::run() {
   }
   report_.parameters_per_stage = static_cast<int64_t>(modules_[0]->parameters().size());
   auto data = make_synthetic_data<T>(o_.model);
-  const ExecutorOptions eo{.adamw = o_.adamw, .delay_ms_max = o_.delay_ms_max, .delay_seed = o_.model.seed};
+  const ExecutorOptions eo{
+      .adamw = o_.adamw, .delay_ms_max = o_.delay_ms_max, .delay_seed = o_.model.seed, .fault = o_.fault};
   auto executor = TRY(Executor<T>::create(s, comm_, chunks, data.get(), eo));
   report_.p2p_ms = measure_p2p_ms(comm_, modules_[0]->output_elems() * int64_t(sizeof(T)));
   PerRank first_grads;
@@ -227,6 +229,16 @@ StepMeasure Driver<T>::measure(const StepStats& stats, std::vector<std::vector<O
   if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
   if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
   c.p2p = report_.p2p_ms;
+  std::vector<std::vector<double>> durations(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    durations[size_t(r)].assign(s.ranks[size_t(r)].size(), 0.0);
+    for (const OpRecord& rec : (*all_records)[size_t(r)]) {
+      durations[size_t(r)][size_t(rec.op_index)] = rec.end_ms - rec.start_ms;
+    }
+  }
+  if (auto sim = replay(s, durations, c.p2p); sim.ok() && sim->makespan > 0) {
+    m.replayed_bubble_fraction = sim->bubble / sim->makespan;
+  }
   if (auto p = predict_bubble(s, c); p.ok()) {
     m.predicted_makespan = p->first;
     m.predicted_bubble_fraction = p->second;
@@ -297,6 +309,33 @@ void Driver<T>::verify(const PerRank& first_grads, const PerRank& final_params) 
 }
 
 }  // namespace
+
+MpiSession::MpiSession() {
+  int done = 0;
+  MPI_Initialized(&done);
+  if (!done) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    owned_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiSession::~MpiSession() {
+  if (owned_) MPI_Finalize();
+}
+
+int threads_per_local_rank(MPI_Comm comm) {
+  MPI_Comm local = MPI_COMM_NULL;
+  int n = 1;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
+    MPI_Comm_size(local, &n);
+    MPI_Comm_free(&local);
+  }
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cpus / std::max(1, n));
+}
 
 Result<std::pair<double, double>> predict_bubble(const Schedule& s, const Costs& costs) {
   const Simulation sim = TRY(simulate(s, costs));

@@ -55,6 +55,7 @@ struct TrainOptions {
   AdamWParams adamw;
   double delay_ms_max = 0;  // random sleeps before ops (results must not change)
   bool verify = false;      // compare with a single-process run (rank 0)
+  ExecutorOptions::Fault fault = ExecutorOptions::Fault::kNone;  // testing the checks
 };
 
 struct StepMeasure {
@@ -65,7 +66,8 @@ struct StepMeasure {
   Costs costs;                           // mean measured F, B, W, F&B, Bi and the p2p latency
   double predicted_makespan = 0;         // the simulator's, from `costs`
   double predicted_bubble_fraction = 0;
-  double sync_ms = 0;  // DualPipe gradient exchange (max over ranks)
+  double replayed_bubble_fraction = 0;  // the simulator replaying every op's measured time
+  double sync_ms = 0;                   // DualPipe gradient exchange (max over ranks)
 };
 
 struct Verification {
@@ -91,6 +93,25 @@ struct TrainReport {  // complete on rank 0; other ranks get losses and digest o
   double p2p_ms = 0;          // measured one-way latency of an activation message
   int64_t parameters_per_stage = 0;
 };
+
+// MPI for the duration of a command: initialised (MPI_THREAD_FUNNELED) unless it already is, and
+// finalised on destruction if it was initialised here.
+class MpiSession {
+ public:
+  MpiSession();
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  bool owned_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+// This node's CPUs shared evenly among its ranks (at least 1 thread each).
+int threads_per_local_rank(MPI_Comm comm);
 
 // Collective over `comm` (whose size is the number of pipeline ranks).
 Result<TrainReport> train(const TrainOptions& options, MPI_Comm comm);
