@@ -85,100 +85,125 @@ void color(std::vector<Message>& msgs, BufferPlan& plan) {
   }
 }
 
-}  // namespace
+// Builds one rank's plan: pass 1 opens and closes every message and remembers which op field
+// uses which message; color() numbers the buffers; pass 2 writes the numbers into the op plans.
+class Planner {
+ public:
+  Planner(const Schedule& s, int rank)
+      : s_(s), ops_(s.ranks[size_t(rank)]), causality_(trace_causality(s, rank)) {
+    plan_.ops.resize(ops_.size());
+    plan_.slots = peak_activations_per_chunk(s, rank);
+    fields_.assign(ops_.size(), {kNone, kNone, kNone, kNone, kNone});
+  }
 
-BufferPlan plan_buffers(const Schedule& s, int rank) {
-  const std::vector<Op>& ops = s.ranks[size_t(rank)];
-  const Causality causality = trace_causality(s, rank);
-  BufferPlan plan;
-  plan.ops.resize(ops.size());
-  plan.slots = peak_activations_per_chunk(s, rank);
-  std::vector<Message> msgs;
-  std::map<int64_t, size_t> by_key;  // message key -> index in msgs (tag, or -1 - task for loss gradients)
-  auto open = [&](int64_t key, int cls, size_t at) {
-    CHECK(!by_key.count(key));
-    by_key[key] = msgs.size();
-    msgs.push_back(Message{.cls = cls, .start = 2 * int64_t(at)});
-    return msgs.size() - 1;
-  };
-  auto chunk = [&](const Task& t) { return s.chunk_of(t.direction, t.stage); };
-  // Tags are >= 0; a loss gradient is keyed by its task, below zero.
-  auto loss_key = [&](const Task& t) { return -1 - (int64_t(t.stage) * s.params.n_microbatches + t.mb); };
-  // Pass 1: open and close every message; remember which op field uses which message.
-  std::vector<std::array<int64_t, 5>> fields(ops.size(),
-                                             {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN});
-  std::vector<int64_t> comm_key(ops.size(), INT64_MIN);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    if (op.kind == OpKind::kRecv) {
-      const int side = op.payload == Payload::kActivation ? 0 : 1;
-      open(op.tag, buffer_class(chunk(op.task), side), i);
-      comm_key[i] = op.tag;
-      continue;
-    }
-    if (op.kind == OpKind::kSend) {
-      comm_key[i] = op.tag;
-      auto it = causality.consumer_index.find(op.tag);
-      CHECK(it != causality.consumer_index.end());
-      // Retire at the first later op that knows the consumer has started.
-      Message& m = msgs[by_key.at(op.tag)];
-      for (size_t j = i + 1; j < ops.size(); ++j) {
-        if (causality.clocks[j][size_t(op.peer)] >= it->second) {
-          m.end = 2 * int64_t(j);
-          plan.ops[j].retire.push_back(int(i));
-          break;
-        }
+  BufferPlan build() {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      if (op.kind == OpKind::kRecv) {
+        open(op.tag, buffer_class(chunk(op.task), op.payload == Payload::kActivation ? 0 : 1), i);
+        fields_[i][kComm] = op.tag;
+      } else if (op.kind == OpKind::kSend) {
+        fields_[i][kComm] = op.tag;
+        retire(i, op);
+      } else {
+        compute(i, op);
       }
-      if (m.end == kForever) plan.finish.push_back(int(i));
-      continue;
     }
+    color(msgs_, plan_);
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      OpBuffers& b = plan_.ops[i];
+      if (!ops_[i].is_compute()) {
+        b.buffer = ref(fields_[i][kComm]);
+        continue;
+      }
+      b.in_act = ref(fields_[i][kInAct]);
+      b.out_act = ref(fields_[i][kOutAct]);
+      b.out_grad = ref(fields_[i][kOutGrad]);
+      b.in_grad = ref(fields_[i][kInGrad]);
+      b.loss_grad = ref(fields_[i][kLossGrad]);
+    }
+    return std::move(plan_);
+  }
+
+ private:
+  static constexpr int64_t kNone = INT64_MIN;
+  // Field slots; a send or receive uses kComm (= kInAct: comm ops have no compute fields).
+  enum { kInAct = 0, kOutAct = 1, kOutGrad = 2, kInGrad = 3, kLossGrad = 4, kComm = 0 };
+
+  int chunk(const Task& t) const { return s_.chunk_of(t.direction, t.stage); }
+  // Tags are >= 0; a loss gradient is keyed by its task, below zero.
+  int64_t loss_key(const Task& t) const { return -1 - (int64_t(t.stage) * s_.params.n_microbatches + t.mb); }
+
+  void open(int64_t key, int cls, size_t at) {
+    CHECK(!by_key_.count(key));
+    by_key_[key] = msgs_.size();
+    msgs_.push_back(Message{.cls = cls, .start = 2 * int64_t(at)});
+  }
+  void close_after(int64_t key, size_t at) { msgs_[by_key_.at(key)].end = 2 * int64_t(at) + 1; }
+
+  // A send retires at the first later op that knows its consumer has started.
+  void retire(size_t i, const Op& op) {
+    auto it = causality_.consumer_index.find(op.tag);
+    CHECK(it != causality_.consumer_index.end());
+    Message& m = msgs_[by_key_.at(op.tag)];
+    for (size_t j = i + 1; j < ops_.size(); ++j) {
+      if (causality_.clocks[j][size_t(op.peer)] >= it->second) {
+        m.end = 2 * int64_t(j);
+        plan_.ops[j].retire.push_back(int(i));
+        return;
+      }
+    }
+    plan_.finish.push_back(int(i));
+  }
+
+  void compute(size_t i, const Op& op) {
     Flow in[2], out[2];
-    const int n_in = op_inputs(s, op, in), n_out = op_outputs(s, op, out);
-    for (int k = 0; k < n_in; ++k) {  // inputs: close their messages after this op
-      const int64_t key = s.tag(in[k].payload, in[k].producer);
-      msgs[by_key.at(key)].end = 2 * int64_t(i) + 1;
-      fields[i][in[k].payload == Payload::kActivation ? 0 : 2] = key;
+    const int n_in = op_inputs(s_, op, in), n_out = op_outputs(s_, op, out);
+    for (int k = 0; k < n_in; ++k) {  // inputs: their messages end after this op
+      const int64_t key = s_.tag(in[k].payload, in[k].producer);
+      close_after(key, i);
+      fields_[i][in[k].payload == Payload::kActivation ? kInAct : kOutGrad] = key;
     }
-    for (int k = 0; k < n_out; ++k) {  // outputs: open (a send closes at its retire op)
+    for (int k = 0; k < n_out; ++k) {  // outputs start here (a send ends at its retire op)
       const Flow& f = out[k];
-      const int64_t key = s.tag(f.payload, f.producer);
-      const int side = f.payload == Payload::kActivation ? 1 : 0;
-      open(key, buffer_class(chunk(f.producer), side), i);
-      fields[i][f.payload == Payload::kActivation ? 1 : 3] = key;
+      const int64_t key = s_.tag(f.payload, f.producer);
+      const bool act = f.payload == Payload::kActivation;
+      open(key, buffer_class(chunk(f.producer), act ? 1 : 0), i);
+      fields_[i][act ? kOutAct : kInGrad] = key;
     }
     const bool has_forward = op.kind == OpKind::kForward || op.kind == OpKind::kForwardBackward;
-    if (has_forward && op.task.stage == s.n_stages - 1) {
+    if (has_forward && op.task.stage == s_.n_stages - 1) {  // the loss gradient lives until the backward
       open(loss_key(op.task), buffer_class(chunk(op.task), 1), i);
-      fields[i][4] = loss_key(op.task);
+      fields_[i][kLossGrad] = loss_key(op.task);
     }
     const bool has_backward = op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardInput ||
                               op.kind == OpKind::kForwardBackward;
-    const Task bwd = op.kind == OpKind::kForwardBackward ? op.task2 : op.task;
-    if (has_backward && bwd.stage == s.n_stages - 1) {
-      msgs[by_key.at(loss_key(bwd))].end = 2 * int64_t(i) + 1;
-      fields[i][2] = loss_key(bwd);
+    const Task& bwd = op.kind == OpKind::kForwardBackward ? op.task2 : op.task;
+    if (has_backward && bwd.stage == s_.n_stages - 1) {
+      close_after(loss_key(bwd), i);
+      fields_[i][kOutGrad] = loss_key(bwd);
     }
   }
-  color(msgs, plan);
-  // Pass 2: write buffer numbers into the op plans.
-  auto ref = [&](int64_t key) {
-    if (key == INT64_MIN) return BufferRef{};
-    const Message& m = msgs[by_key.at(key)];
+
+  BufferRef ref(int64_t key) const {
+    if (key == kNone) return BufferRef{};
+    const Message& m = msgs_[by_key_.at(key)];
     return BufferRef{m.cls, m.buffer};
-  };
-  for (size_t i = 0; i < ops.size(); ++i) {
-    OpBuffers& b = plan.ops[i];
-    if (!ops[i].is_compute()) {
-      b.buffer = ref(comm_key[i]);
-      continue;
-    }
-    b.in_act = ref(fields[i][0]);
-    b.out_act = ref(fields[i][1]);
-    b.out_grad = ref(fields[i][2]);
-    b.in_grad = ref(fields[i][3]);
-    b.loss_grad = ref(fields[i][4]);
   }
-  return plan;
+
+  const Schedule& s_;
+  const std::vector<Op>& ops_;
+  const Causality causality_;
+  BufferPlan plan_;
+  std::vector<Message> msgs_;
+  std::map<int64_t, size_t> by_key_;            // message key -> index in msgs_
+  std::vector<std::array<int64_t, 5>> fields_;  // [op] message key per field
+};
+
+}  // namespace
+
+BufferPlan plan_buffers(const Schedule& s, int rank) {
+  return Planner(s, rank).build();
 }
 
 }  // namespace fathom::pipeline

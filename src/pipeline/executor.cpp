@@ -135,33 +135,43 @@ Status ExecutorImpl<T>::init() {
     if (ops[i].kind == OpKind::kRecv) recv_op_[ops[i].tag] = i;
   }
   slot_of_.assign(size_t(n_chunks) * size_t(s_.params.n_microbatches), -1);
-  const int64_t first = chunks_[size_t(s_.chunk_of(0, 0) == 0 ? 0 : 1)]->input_elems();
+  int64_t first = 0, last = 0;  // sized for whichever local chunk is a first or last stage
+  for (auto* c : chunks_) {
+    first = std::max(first, c->input_elems());
+    last = std::max(last, c->output_elems());
+  }
   first_input_.resize(size_t(first));
-  int64_t last = 0;
-  for (auto* c : chunks_) last = std::max(last, c->output_elems());
   last_output_.resize(size_t(last));
   return {};
 }
 
-// Every stage's output must be as long as the next stage's input, across ranks.
+// Every stage's output must be as long as the next stage's input, across ranks, and DualPipe's two
+// copies of a stage must have the same parameter count.
 template <typename T>
 Status ExecutorImpl<T>::check_sizes() {
-  const int n = s_.params.n_ranks, n_chunks = s_.chunks_per_rank();
-  std::vector<int64_t> mine(4, -1), all(size_t(4 * n));
-  for (int c = 0; c < n_chunks; ++c) {
-    mine[size_t(2 * c)] = chunks_[size_t(c)]->input_elems();
-    mine[size_t(2 * c + 1)] = chunks_[size_t(c)]->output_elems();
+  constexpr int kPer = 6;  // per rank: (input, output, parameters) of up to two chunks
+  const int n = s_.params.n_ranks;
+  std::vector<int64_t> mine(kPer, -1), all(static_cast<size_t>(kPer * n));
+  for (int c = 0; c < s_.chunks_per_rank(); ++c) {
+    mine[size_t(3 * c)] = chunks_[size_t(c)]->input_elems();
+    mine[size_t(3 * c + 1)] = chunks_[size_t(c)]->output_elems();
+    mine[size_t(3 * c + 2)] = static_cast<int64_t>(chunks_[size_t(c)]->parameters().size());
   }
-  TRY(mpi_status(MPI_Allgather(mine.data(), 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm_),
+  TRY(mpi_status(MPI_Allgather(mine.data(), kPer, MPI_INT64_T, all.data(), kPer, MPI_INT64_T, comm_),
                  "size check"));
-  auto size_of = [&](int stage, int side) {
-    const int r = s_.rank_of(0, stage), c = s_.chunk_of(0, stage);
-    return all[size_t(4 * r + 2 * c + side)];
+  auto size_of = [&](int d, int stage, int what) {
+    return all[size_t(kPer * s_.rank_of(d, stage) + 3 * s_.chunk_of(d, stage) + what)];
   };
-  for (int stage = 0; stage + 1 < s_.n_stages; ++stage) {
-    if (size_of(stage, 1) != size_of(stage + 1, 0)) {
-      return invalid_argument("pipeline: stage {} outputs {} values per micro-batch but stage {} takes {}",
-                              stage, size_of(stage, 1), stage + 1, size_of(stage + 1, 0));
+  for (int d = 0; d < s_.n_directions; ++d) {
+    for (int stage = 0; stage < s_.n_stages; ++stage) {
+      if (stage + 1 < s_.n_stages && size_of(d, stage, 1) != size_of(d, stage + 1, 0)) {
+        return invalid_argument("pipeline: stage {} outputs {} values per micro-batch but stage {} takes {}",
+                                stage, size_of(d, stage, 1), stage + 1, size_of(d, stage + 1, 0));
+      }
+      if (d == 1 && size_of(0, stage, 2) != size_of(1, stage, 2)) {
+        return invalid_argument("pipeline: the two copies of stage {} have {} and {} parameters", stage,
+                                size_of(0, stage, 2), size_of(1, stage, 2));
+      }
     }
   }
   return {};

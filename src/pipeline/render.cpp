@@ -170,7 +170,8 @@ struct SvgLayout {
 
 void svg_op(std::string& out, const SvgLayout& L, const TimelineEvent& e) {
   const double x = L.x(e.start), w = std::max(1.0, L.x(e.end) - x), y = L.y(e.rank);
-  const std::string label = xml_escape(op_label(e.op));
+  const std::string raw = op_label(e.op);
+  const std::string label = xml_escape(raw);
   if (e.op.kind == OpKind::kForwardBackward) {  // two halves in one black border, as in the DualPipe figure
     out += fmt::format(R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}"/>)", x, y, w,
                        L.lane / 2, fill(OpKind::kForward, e.op.task.direction));
@@ -184,8 +185,8 @@ void svg_op(std::string& out, const SvgLayout& L, const TimelineEvent& e) {
         R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}" stroke="#fff" stroke-width="0.5"><title>{}</title></rect>)",
         x, y, w, L.lane, fill(e.op.kind, e.op.task.direction), label);
   }
-  if (w >= 6.0 * static_cast<double>(label.size())) {
-    out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}" font-size="9" text-anchor="middle">{}</text>)",
+  if (w >= 5.0 * static_cast<double>(raw.size()) + 2) {  // about 5 px per character at 8 px
+    out += fmt::format(R"(<text x="{:.2f}" y="{:.2f}" font-size="8" text-anchor="middle">{}</text>)",
                        x + w / 2, y + L.lane / 2 + 3, label);
   }
   out += "\n";
@@ -231,7 +232,8 @@ std::string render_svg(const Timeline& t) {
   const double ly = axis_y + 26;
   auto legend = [&](const char* color, const char* name) {
     out += fmt::format(R"(<rect x="{:.0f}" y="{:.0f}" width="12" height="12" fill="{}"/>)", lx, ly, color);
-    out += fmt::format(R"(<text x="{:.0f}" y="{:.0f}" font-size="10">{}</text>)", lx + 16, ly + 10, name);
+    out += fmt::format(R"(<text x="{:.0f}" y="{:.0f}" font-size="10">{}</text>)", lx + 16, ly + 10,
+                       xml_escape(name));
     lx += 30 + 6.0 * static_cast<double>(std::string_view(name).size());
   };
   legend(fill(OpKind::kForward, 0), "F");

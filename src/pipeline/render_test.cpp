@@ -65,6 +65,13 @@ TEST(PipelineRender, SvgIsWellFormedWithABoxPerOpAndEscapedTitle) {
   EXPECT_NE(svg.find("dualpipe &lt;4 ranks&gt; &amp; 10"), std::string::npos);
   EXPECT_EQ(count(svg, "<svg"), count(svg, "</svg>"));
   EXPECT_EQ(count(svg, "<text"), count(svg, "</text>"));
+  // Every '&' starts an entity (XML well-formedness for the F&B labels and legend).
+  for (size_t pos = svg.find('&'); pos != std::string::npos; pos = svg.find('&', pos + 1)) {
+    const std::string rest = svg.substr(pos, 6);
+    EXPECT_TRUE(rest.rfind("&amp;", 0) == 0 || rest.rfind("&lt;", 0) == 0 || rest.rfind("&gt;", 0) == 0 ||
+                rest.rfind("&quot;", 0) == 0)
+        << svg.substr(pos > 40 ? pos - 40 : 0, 80);
+  }
 }
 
 }  // namespace
