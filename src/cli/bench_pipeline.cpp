@@ -42,8 +42,25 @@ struct Row {
   std::string name;
   int stages = 0;
   Costs costs;  // medians over measured steps
-  double makespan_ms = 0, measured = 0, predicted = 0, replayed = 0;
+  double makespan_ms = 0, measured = 0, predicted = 0, predicted_per_rank = 0, replayed = 0;
 };
+
+// Each cost's median over steps.
+Costs median_costs(const std::vector<Costs>& steps) {
+  std::vector<double> f, b, w, fb, bi;
+  for (const Costs& c : steps) {
+    f.push_back(c.f);
+    b.push_back(c.b);
+    w.push_back(c.w);
+    if (c.fb) fb.push_back(*c.fb);
+    if (c.bi) bi.push_back(*c.bi);
+  }
+  Costs out{.f = median(f), .b = median(b), .w = median(w), .p2p = steps.empty() ? 0 : steps[0].p2p};
+  if (!fb.empty()) out.fb = median(fb);
+  if (!bi.empty()) out.bi = median(bi);
+  out.w = std::min(out.w, out.b);
+  return out;
+}
 
 Result<Row> bench_schedule(const BenchOptions& b, ScheduleKind kind, int n_ranks) {
   TrainOptions o;
@@ -60,25 +77,26 @@ Result<Row> bench_schedule(const BenchOptions& b, ScheduleKind kind, int n_ranks
   const TrainReport r = TRY(train(o, MPI_COMM_WORLD));
   Row row{.name = std::string(schedule_name(kind)), .stages = stages};
   if (r.steps.empty()) return row;  // not rank 0
-  std::vector<double> measured, replayed, makespan, f, bf, w, fb, bi;
+  std::vector<double> measured, replayed, makespan;
+  std::vector<Costs> costs;
+  std::vector<std::vector<Costs>> rank_costs(static_cast<size_t>(n_ranks));
   for (size_t k = 1; k < r.steps.size(); ++k) {
     const StepMeasure& m = r.steps[k];
     measured.push_back(m.bubble_fraction);
     replayed.push_back(m.replayed_bubble_fraction);
     makespan.push_back(m.makespan_ms);
-    f.push_back(m.costs.f);
-    bf.push_back(m.costs.b);
-    w.push_back(m.costs.w);
-    if (m.costs.fb) fb.push_back(*m.costs.fb);
-    if (m.costs.bi) bi.push_back(*m.costs.bi);
+    costs.push_back(m.costs);
+    for (size_t q = 0; q < rank_costs.size(); ++q) rank_costs[q].push_back(m.rank_costs[q]);
   }
-  row.costs = Costs{.f = median(f), .b = median(bf), .w = median(w), .p2p = r.p2p_ms};
-  if (!fb.empty()) row.costs.fb = median(fb);
-  if (!bi.empty()) row.costs.bi = median(bi);
+  row.costs = median_costs(costs);
+  std::vector<Costs> per_rank;
+  for (const auto& c : rank_costs) per_rank.push_back(median_costs(c));
   row.measured = median(measured);
   row.replayed = median(replayed);
   row.makespan_ms = median(makespan);
-  row.predicted = TRY(predict_bubble(r.schedule, row.costs)).second;
+  auto fraction = [](const Simulation& sim) { return sim.makespan > 0 ? sim.bubble / sim.makespan : 0.0; };
+  row.predicted = fraction(TRY(simulate(r.schedule, row.costs)));
+  row.predicted_per_rank = fraction(TRY(simulate_per_rank(r.schedule, per_rank)));
   if (!b.svg_dir.empty()) {
     TRY(make_directories(b.svg_dir));
     TRY(write_file_atomic(b.svg_dir + "/pipeline-" + row.name + ".svg", render_svg(r.timeline)));
@@ -92,13 +110,14 @@ void print_rows(const BenchOptions& b, int n_ranks, const std::vector<Row>& rows
       "medians of %d steps\n",
       n_ranks, b.microbatches, b.layers, static_cast<long long>(b.tokens), static_cast<long long>(b.hidden),
       static_cast<long long>(b.ffn), b.steps);
-  std::printf("%-10s %6s %8s %8s %8s %8s %9s %9s %9s %9s %8s\n", "schedule", "stages", "F ms", "B ms", "W ms",
-              "F&B ms", "step ms", "measured", "predicted", "replayed", "diff pp");
+  std::printf("%-10s %6s %7s %7s %7s %7s %8s %9s %9s %9s %9s %8s\n", "schedule", "stages", "F ms", "B ms",
+              "W ms", "F&B ms", "step ms", "measured", "predicted", "per-rank", "replayed", "diff pp");
   for (const Row& r : rows) {
-    std::printf("%-10s %6d %8.2f %8.2f %8.2f %8s %9.1f %8.1f%% %8.1f%% %8.1f%% %+8.1f\n", r.name.c_str(),
-                r.stages, r.costs.f, r.costs.b, r.costs.w,
-                r.costs.fb ? fmt::format("{:.2f}", *r.costs.fb).c_str() : "-", r.makespan_ms,
-                100 * r.measured, 100 * r.predicted, 100 * r.replayed, 100 * (r.measured - r.predicted));
+    const std::string fb = r.costs.fb ? fmt::format("{:.2f}", *r.costs.fb) : "-";
+    std::printf("%-10s %6d %7.2f %7.2f %7.2f %7s %8.1f %8.1f%% %8.1f%% %8.1f%% %8.1f%% %+8.1f\n",
+                r.name.c_str(), r.stages, r.costs.f, r.costs.b, r.costs.w, fb.c_str(), r.makespan_ms,
+                100 * r.measured, 100 * r.predicted, 100 * r.predicted_per_rank, 100 * r.replayed,
+                100 * (r.measured - r.predicted));
   }
 }
 
@@ -152,6 +171,7 @@ int run_bench_pipeline(int argc, char** argv) {
                     {"step_ms", r.makespan_ms},
                     {"bubble_measured", r.measured},
                     {"bubble_predicted", r.predicted},
+                    {"bubble_predicted_per_rank", r.predicted_per_rank},
                     {"bubble_replayed", r.replayed},
                     {"diff_pp", 100 * (r.measured - r.predicted)},
                     {"within_5pp", std::abs(r.measured - r.predicted) <= 0.05}});

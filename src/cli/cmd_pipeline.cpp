@@ -204,6 +204,7 @@ nlohmann::json train_json(const TrainOptions& o, const TrainReport& r) {
                      {"bubble_fraction", m.bubble_fraction},
                      {"predicted_makespan_ms", m.predicted_makespan},
                      {"predicted_bubble_fraction", m.predicted_bubble_fraction},
+                     {"predicted_rank_bubble_fraction", m.predicted_rank_bubble_fraction},
                      {"replayed_bubble_fraction", m.replayed_bubble_fraction},
                      {"sync_ms", m.sync_ms},
                      {"costs_ms", costs_json(m.costs)}});

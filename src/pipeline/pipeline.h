@@ -134,6 +134,8 @@ struct Simulation {
 // Runs every rank's ops in order; an op starts when its rank is free and its inputs are there (a
 // remote input arrives p2p after its send). Exact for integer costs. Errors: bad costs, deadlock.
 Result<Simulation> simulate(const Schedule& schedule, const Costs& costs);
+// Costs that differ per rank (stages of unequal size, or measured per rank); p2p from rank 0's.
+Result<Simulation> simulate_per_rank(const Schedule& schedule, const std::vector<Costs>& per_rank);
 // The same with every op's own cost ([rank][op], 0 for sends and receives): a measured run replayed
 // without its waiting, to separate compute-time variation from communication and scheduling.
 Result<Simulation> replay(const Schedule& schedule, const std::vector<std::vector<double>>& op_durations,

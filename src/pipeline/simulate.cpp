@@ -69,17 +69,18 @@ class Engine {
 
   double cost(size_t rank, size_t index, const Op& op) const {
     if (durations_ != nullptr) return (*durations_)[rank][index];
+    const Costs& c = per_rank_ != nullptr ? (*per_rank_)[rank] : c_;
     switch (op.kind) {
       case OpKind::kForward:
-        return c_.f;
+        return c.f;
       case OpKind::kBackward:
-        return c_.b;
+        return c.b;
       case OpKind::kBackwardInput:
-        return c_.bi_cost();
+        return c.bi_cost();
       case OpKind::kWeight:
-        return c_.w;
+        return c.w;
       case OpKind::kForwardBackward:
-        return c_.fb_cost();
+        return c.fb_cost();
       default:
         return 0;
     }
@@ -175,6 +176,7 @@ class Engine {
 
  public:
   const std::vector<std::vector<double>>* durations_ = nullptr;  // replay: [rank][op] costs
+  const std::vector<Costs>* per_rank_ = nullptr;                 // [rank] op costs (p2p from c_)
 
  private:
   std::vector<double> f_end_, g_end_;     // [stage * n_microbatches + mb]
@@ -259,10 +261,12 @@ int peak_activations(const Schedule& s, int rank) {
 namespace {
 
 Result<Simulation> run_engine(const Schedule& s, const Costs& costs,
-                              const std::vector<std::vector<double>>* durations) {
+                              const std::vector<std::vector<double>>* durations,
+                              const std::vector<Costs>* per_rank = nullptr) {
   TRY(validate(s));
   Engine engine(s, costs);
   engine.durations_ = durations;
+  engine.per_rank_ = per_rank;
   if (!engine.run()) return failed_precondition("deadlock: {}", engine.stuck_report());
   Simulation sim;
   const size_t n = s.ranks.size();
@@ -285,6 +289,14 @@ Result<Simulation> run_engine(const Schedule& s, const Costs& costs,
 Result<Simulation> simulate(const Schedule& s, const Costs& costs) {
   TRY(check_costs(costs));
   return run_engine(s, costs, nullptr);
+}
+
+Result<Simulation> simulate_per_rank(const Schedule& s, const std::vector<Costs>& per_rank) {
+  if (per_rank.size() != s.ranks.size()) {
+    return invalid_argument("simulate: costs for {} ranks, the schedule has {}", per_rank.size(), s.ranks.size());
+  }
+  for (const Costs& c : per_rank) TRY(check_costs(c));
+  return run_engine(s, per_rank[0], nullptr, &per_rank);
 }
 
 Result<Simulation> replay(const Schedule& s, const std::vector<std::vector<double>>& op_durations,

@@ -250,6 +250,17 @@ TEST(PipelineSimulate, ReplayWithKindCostsEqualsSimulate) {
   EXPECT_EQ(a->idle, b->idle);
   d[1].pop_back();
   EXPECT_FALSE(replay(*s, d, 0).ok());
+  // Per-rank costs: all equal gives the same; a slower rank 2 shows up as idle on the others.
+  auto same = simulate_per_rank(*s, std::vector<Costs>(4, c));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->idle, a->idle);
+  std::vector<Costs> slow(4, c);
+  slow[2].f *= 2;
+  auto uneven = simulate_per_rank(*s, slow);
+  ASSERT_TRUE(uneven.ok());
+  EXPECT_GT(uneven->makespan, a->makespan);
+  EXPECT_LT(uneven->idle[2], uneven->idle[0]);
+  EXPECT_FALSE(simulate_per_rank(*s, std::vector<Costs>(3, c)).ok());
 }
 
 TEST(PipelineSimulate, RejectsBadCosts) {

@@ -187,12 +187,34 @@ void Driver<T>::collect_losses(const StepStats& stats) {
   report_.losses.push_back(std::move(losses));
 }
 
+// Per-kind sums of measured op times (F, BW, Bi, W, F&B: OpKind order), turned into mean costs.
+struct KindTimes {
+  double sum[5] = {}, count[5] = {};
+  void add(OpKind k, double ms) {
+    sum[int(k)] += ms;
+    count[int(k)] += 1;
+  }
+  void add(const KindTimes& o) {
+    for (int k = 0; k < 5; ++k) sum[k] += o.sum[k], count[k] += o.count[k];
+  }
+  Costs costs(double p2p) const {
+    auto mean = [&](OpKind k) { return count[int(k)] > 0 ? sum[int(k)] / count[int(k)] : 0.0; };
+    Costs c;
+    c.f = mean(OpKind::kForward);
+    c.w = mean(OpKind::kWeight);
+    c.b = count[int(OpKind::kBackward)] > 0 ? mean(OpKind::kBackward) : mean(OpKind::kBackwardInput) + c.w;
+    c.w = std::min(c.w, c.b);
+    if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
+    if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
+    c.p2p = p2p;
+    return c;
+  }
+};
+
 template <typename T>
 StepMeasure Driver<T>::measure(const StepStats& stats, std::vector<std::vector<OpRecord>>* all_records) {
   std::vector<double> flat;
-  for (const OpRecord& r : stats.ops) {
-    flat.insert(flat.end(), {double(r.op_index), r.start_ms, r.end_ms});
-  }
+  for (const OpRecord& r : stats.ops) flat.insert(flat.end(), {double(r.op_index), r.start_ms, r.end_ms});
   auto all = gather_bytes(comm_, flat.data(), flat.size() * sizeof(double));
   double sync = stats.sync_ms;
   MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : &sync, &sync, 1, MPI_DOUBLE, MPI_MAX, 0, comm_);
@@ -201,48 +223,39 @@ StepMeasure Driver<T>::measure(const StepStats& stats, std::vector<std::vector<O
   m.sync_ms = sync;
   const Schedule& s = report_.schedule;
   all_records->assign(size_t(size_), {});
-  double sum[5] = {}, count[5] = {};  // F, BW, Bi, W, F&B
+  KindTimes total;
+  std::vector<std::vector<double>> durations(static_cast<size_t>(size_));  // [rank][op] for the replay
   for (int r = 0; r < size_; ++r) {
     const double* v = reinterpret_cast<const double*>(all[size_t(r)].data());
+    KindTimes mine;
     double busy = 0;
+    durations[size_t(r)].assign(s.ranks[size_t(r)].size(), 0.0);
     for (size_t k = 0; k + 3 <= all[size_t(r)].size() / sizeof(double); k += 3) {
       const OpRecord rec{.op_index = int(v[k]), .start_ms = v[k + 1], .end_ms = v[k + 2]};
       (*all_records)[size_t(r)].push_back(rec);
       const double d = rec.end_ms - rec.start_ms;
       busy += d;
+      durations[size_t(r)][size_t(rec.op_index)] = d;
       m.makespan_ms = std::max(m.makespan_ms, rec.end_ms);
-      const int kind = static_cast<int>(s.ranks[size_t(r)][size_t(rec.op_index)].kind);
-      sum[kind] += d;
-      count[kind] += 1;
+      mine.add(s.ranks[size_t(r)][size_t(rec.op_index)].kind, d);
     }
     m.busy_ms.push_back(busy);
+    m.rank_costs.push_back(mine.costs(report_.p2p_ms));
+    total.add(mine);
   }
   for (double b : m.busy_ms) m.idle_ms.push_back(m.makespan_ms - b);
   m.bubble_ms = *std::max_element(m.idle_ms.begin(), m.idle_ms.end());
   m.bubble_fraction = m.makespan_ms > 0 ? m.bubble_ms / m.makespan_ms : 0;
-  auto mean = [&](OpKind k) { return count[int(k)] > 0 ? sum[int(k)] / count[int(k)] : 0.0; };
-  Costs& c = m.costs;
-  c.f = mean(OpKind::kForward);
-  c.w = mean(OpKind::kWeight);
-  c.b = count[int(OpKind::kBackward)] > 0 ? mean(OpKind::kBackward) : mean(OpKind::kBackwardInput) + c.w;
-  c.w = std::min(c.w, c.b);
-  if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
-  if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
-  c.p2p = report_.p2p_ms;
-  std::vector<std::vector<double>> durations(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    durations[size_t(r)].assign(s.ranks[size_t(r)].size(), 0.0);
-    for (const OpRecord& rec : (*all_records)[size_t(r)]) {
-      durations[size_t(r)][size_t(rec.op_index)] = rec.end_ms - rec.start_ms;
-    }
+  m.costs = total.costs(report_.p2p_ms);
+  auto fraction = [](const Result<Simulation>& sim) {
+    return sim.ok() && sim->makespan > 0 ? sim->bubble / sim->makespan : 0.0;
+  };
+  if (auto p = simulate(s, m.costs); p.ok()) {
+    m.predicted_makespan = p->makespan;
+    m.predicted_bubble_fraction = fraction(p);
   }
-  if (auto sim = replay(s, durations, c.p2p); sim.ok() && sim->makespan > 0) {
-    m.replayed_bubble_fraction = sim->bubble / sim->makespan;
-  }
-  if (auto p = predict_bubble(s, c); p.ok()) {
-    m.predicted_makespan = p->first;
-    m.predicted_bubble_fraction = p->second;
-  }
+  m.predicted_rank_bubble_fraction = fraction(simulate_per_rank(s, m.rank_costs));
+  m.replayed_bubble_fraction = fraction(replay(s, durations, report_.p2p_ms));
   return m;
 }
 

@@ -66,8 +66,10 @@ struct StepMeasure {
   Costs costs;                           // mean measured F, B, W, F&B, Bi and the p2p latency
   double predicted_makespan = 0;         // the simulator's, from `costs`
   double predicted_bubble_fraction = 0;
-  double replayed_bubble_fraction = 0;  // the simulator replaying every op's measured time
-  double sync_ms = 0;                   // DualPipe gradient exchange (max over ranks)
+  std::vector<Costs> rank_costs;              // [rank] mean measured costs of that rank's ops
+  double predicted_rank_bubble_fraction = 0;  // the simulator's, from rank_costs
+  double replayed_bubble_fraction = 0;        // the simulator replaying every op's measured time
+  double sync_ms = 0;                         // DualPipe gradient exchange (max over ranks)
 };
 
 struct Verification {
