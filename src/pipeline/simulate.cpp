@@ -171,7 +171,7 @@ class Engine {
   }
 
   const Schedule& s_;
-  const Costs& c_;
+  const Costs c_;  // by value: callers pass temporaries
   FunctionRef<void(int, size_t)>* visit_;
 
  public:

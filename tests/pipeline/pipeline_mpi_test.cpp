@@ -33,6 +33,19 @@ MpiRun mpirun(int ranks, const std::string& args) {
   const char* bin = std::getenv("FATHOM_BIN");
   EXPECT_NE(bin, nullptr) << "FATHOM_BIN is not set (run through ctest)";
   ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
+  // Sanitizer builds: Open MPI's own allocations live until exit; suppress only those (and unwind
+  // fully so the suppressions see its frames).
+  ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
+  if (const char* src = std::getenv("FATHOM_SOURCE_DIR")) {
+    ::setenv("LSAN_OPTIONS",
+             (std::string("suppressions=") + src + "/tests/pipeline/lsan_openmpi.supp").c_str(), 1);
+  }
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  if (asan == nullptr || std::string(asan).find("fast_unwind_on_malloc") == std::string::npos) {
+    ::setenv("ASAN_OPTIONS",
+             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(),
+             1);
+  }
   const std::string err_path = temp_path("stderr");
   const std::string cmd = "timeout 240 mpirun --allow-run-as-root --oversubscribe -np " +
                           std::to_string(ranks) + " " + (bin ? bin : "fathom") +
@@ -66,6 +79,10 @@ struct Case {
   int ranks;
   const char* dtype;
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.schedule << " on " << c.ranks << " ranks, " << c.dtype;
+}
 
 class PipelineMpiVerify : public ::testing::TestWithParam<Case> {};
 

@@ -1,12 +1,22 @@
 // The executor in one process (MPI singleton): one-rank schedules, including DualPipeV's local
 // turn between its two chunks, equal the reference run; and create() rejects what cannot run.
-// The multi-rank runs are in tests/pipeline (mpirun).
+// The multi-rank runs are in pipeline_mpi_test.cpp (mpirun).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "pipeline/executor.h"
 #include "pipeline/trainer.h"
+
+// Under ASan: Open MPI keeps allocations until exit and has no frame pointers; unwind fully so
+// the suppressions below (the same as lsan_openmpi.supp) can see its frames.
+extern "C" const char* __asan_default_options() {
+  return "fast_unwind_on_malloc=0";
+}
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:libmpi.so\nleak:libopen-rte.so\nleak:libopen-pal.so\nleak:libpmix.so\nleak:libevent\n"
+         "leak:libhwloc.so\nleak:mca_\n";
+}
 
 namespace fathom::pipeline {
 namespace {
@@ -15,6 +25,7 @@ void ensure_mpi() {
   int done = 0;
   MPI_Initialized(&done);
   if (done) return;
+  ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);  // symbolised leak stacks (ASan)
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   std::atexit([] { MPI_Finalize(); });
