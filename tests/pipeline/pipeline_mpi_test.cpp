@@ -13,66 +13,15 @@
 #include <sstream>
 #include <string>
 
+#include "mpi_run.h"
 #include "pipeline/pipeline.h"
 
 namespace fathom::pipeline {
 namespace {
 
-struct MpiRun {
-  int rc = -1;
-  std::string out, err;
-  nlohmann::json json;  // the last stdout line, when it parses
-};
-
-std::string temp_path(const std::string& name) {
-  const char* dir = std::getenv("TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/fathom_pipeline_mpi_" + std::to_string(::getpid()) + "_" + name;
-}
-
-MpiRun mpirun(int ranks, const std::string& args) {
-  const char* bin = std::getenv("FATHOM_BIN");
-  EXPECT_NE(bin, nullptr) << "FATHOM_BIN is not set (run through ctest)";
-  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
-  // Sanitizer builds: Open MPI's own allocations live until exit; suppress only those (and unwind
-  // fully so the suppressions see its frames).
-  ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
-  if (const char* src = std::getenv("FATHOM_SOURCE_DIR")) {
-    ::setenv("LSAN_OPTIONS",
-             (std::string("suppressions=") + src + "/tests/pipeline/lsan_openmpi.supp").c_str(), 1);
-  }
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  if (asan == nullptr || std::string(asan).find("fast_unwind_on_malloc") == std::string::npos) {
-    ::setenv("ASAN_OPTIONS",
-             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(),
-             1);
-  }
-  const std::string err_path = temp_path("stderr");
-  const std::string cmd = "timeout 240 mpirun --allow-run-as-root --oversubscribe -np " +
-                          std::to_string(ranks) + " " + (bin ? bin : "fathom") +
-                          " pipeline train --threads 1 " + args + " 2>" + err_path;
-  MpiRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_path);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  std::remove(err_path.c_str());
-  const size_t end = r.out.find_last_not_of('\n');
-  if (end != std::string::npos) {
-    const size_t start = r.out.rfind('\n', end);
-    const std::string last = r.out.substr(start == std::string::npos ? 0 : start + 1,
-                                          end + 1 - (start == std::string::npos ? 0 : start + 1));
-    r.json = nlohmann::json::parse(last, nullptr, false);
-  }
-  return r;
-}
+using testing::MpiRun;
+using testing::mpirun;
+using testing::temp_path;
 
 struct Case {
   const char* schedule;
