@@ -154,7 +154,8 @@ Result<TrainReport> Driver<T>::run() {
     if (step == 0 && o_.verify) first_grads = gather_chunks(true);
     executor->apply_optimizer();
     collect_losses(stats);
-    report_.steps.push_back(measure(stats, &records));
+    StepMeasure m = measure(stats, &records);  // collective; filled on rank 0 only
+    if (rank_ == 0) report_.steps.push_back(std::move(m));
   }
   const PerRank final_params = gather_chunks(false);
   if (rank_ == 0) {

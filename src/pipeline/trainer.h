@@ -85,7 +85,7 @@ struct Verification {
   }
 };
 
-struct TrainReport {  // complete on rank 0; other ranks get losses and digest only
+struct TrainReport {  // complete on rank 0; other ranks get the schedule and p2p_ms only
   Schedule schedule;
   std::vector<std::vector<double>> losses;  // [step][mb]
   std::vector<StepMeasure> steps;
