@@ -1,0 +1,73 @@
+// The test harness for `mpirun -np N fathom pipeline train ...`: runs it, captures stdout, stderr
+// and the exit code, parses the last stdout line as JSON. Sets the Open MPI and sanitizer
+// environment the children need (yield when idle on an oversubscribed machine; Open MPI's own
+// allocations suppressed in leak reports, with full unwinding so the suppressions see its frames).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fathom::pipeline::testing {
+
+struct MpiRun {
+  int rc = -1;
+  std::string out, err;
+  nlohmann::json json;  // the last stdout line, when it parses
+};
+
+inline std::string temp_path(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/fathom_pipeline_mpi_" + std::to_string(::getpid()) + "_" + name;
+}
+
+inline MpiRun mpirun(int ranks, const std::string& args, int timeout_s = 240) {
+  const char* bin = std::getenv("FATHOM_BIN");
+  EXPECT_NE(bin, nullptr) << "FATHOM_BIN is not set (run through ctest)";
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
+  ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
+  ::setenv("LSAN_OPTIONS", "suppressions=" FATHOM_LSAN_OPENMPI_SUPP, 1);
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  if (asan == nullptr || std::string(asan).find("fast_unwind_on_malloc") == std::string::npos) {
+    ::setenv("ASAN_OPTIONS",
+             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(),
+             1);
+  }
+  const std::string err_path = temp_path("stderr");
+  const std::string cmd = "timeout " + std::to_string(timeout_s) +
+                          " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
+                          (bin ? bin : "fathom") + " pipeline train --threads 1 " + args + " 2>" + err_path;
+  MpiRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_path);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  std::remove(err_path.c_str());
+  const size_t end = r.out.find_last_not_of('\n');
+  if (end != std::string::npos) {
+    const size_t start = r.out.rfind('\n', end);
+    const std::string last = r.out.substr(start == std::string::npos ? 0 : start + 1,
+                                          end + 1 - (start == std::string::npos ? 0 : start + 1));
+    r.json = nlohmann::json::parse(last, nullptr, false);
+  }
+  return r;
+}
+
+}  // namespace fathom::pipeline::testing
