@@ -13,6 +13,8 @@ namespace fathom::storage {
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 // The scalar reference (byte-wise table), used by tests and on CPUs without SSE4.2.
 uint32_t crc32c_ref(const void* data, size_t n, uint32_t crc = 0);
+// CRC32C of A||B from crc32c(A), crc32c(B) and |B|, in O(log |B|) (GF(2) matrix powers).
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 // True when crc32c() runs on the hardware instruction.
 bool crc32c_hardware();
 

@@ -50,5 +50,18 @@ TEST(Crc32c, ExtendsAcrossSplitsLikeOneCall) {
   }
 }
 
+TEST(Crc32c, CombineJoinsTwoChecksumsLikeOneCall) {
+  const uint64_t seed = testing::test_seed();
+  Rng rng(seed);
+  const std::string data = testing::payload(seed, 300000);
+  for (int i = 0; i < 50; ++i) {
+    const size_t split = rng.below(data.size());
+    const uint32_t a = crc32c(data.data(), split);
+    const uint32_t b = crc32c(data.data() + split, data.size() - split);
+    EXPECT_EQ(crc32c_combine(a, b, data.size() - split), crc32c(data.data(), data.size())) << split;
+  }
+  EXPECT_EQ(crc32c_combine(0x1234u, 0, 0), 0x1234u);
+}
+
 }  // namespace
 }  // namespace fathom::storage

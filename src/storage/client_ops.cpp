@@ -1,0 +1,257 @@
+// StorageClient batched operations: each splits its items per server and limit (plan), sends the
+// requests concurrently and maps the per-item answers back. Reads land in the caller's buffers
+// and are CRC32C-checked against what the server read from disk.
+#include <algorithm>
+
+#include "base/check.h"
+#include "storage/chunk_engine.h"
+#include "storage/client_impl.h"
+#include "storage/crc32c.h"
+
+namespace fathom::storage {
+void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteResult> results) {
+  CHECK(items.size() == results.size());
+  std::vector<size_t> tgt(items.size());
+  std::vector<bool> ok(items.size(), true);
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i] = ChunkWriteResult{};
+    auto t = target_for(items[i].id, items[i].target);
+    Status s = t.status();
+    if (s.ok() && items[i].data.size() > kMaxChunkBytes) {
+      s = invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", items[i].id, items[i].data.size(),
+                           kMaxChunkBytes);
+    }
+    if (!s.ok()) {
+      results[i].status = s;
+      ok[i] = false;
+      continue;
+    }
+    tgt[i] = *t;
+  }
+  const Plan requests = plan(tgt, ok, [&](size_t i) { return items[i].data.size(); });
+  run_all(requests.size(), [&](size_t r) {
+    const auto& [server, idx] = requests[r];
+    std::vector<wire::WriteReqItem> req;
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kWrite), .request_id = next_request()};
+    for (size_t i : idx) {
+      const ChunkWrite& w = items[i];
+      const TargetInfo& t = targets_[tgt[i]];
+      req.push_back(wire::WriteReqItem{.chain_id = t.chain_id,
+                                       .chain_ver = t.chain_ver,
+                                       .id = std::string(w.id),
+                                       .mode = static_cast<uint8_t>(w.mode),
+                                       .flags = static_cast<uint8_t>(w.evictable ? 1 : 0),
+                                       .ttl_s = w.ttl_s,
+                                       .length = static_cast<uint32_t>(w.data.size()),
+                                       .crc32c = crc32c(w.data.data(), w.data.size())});
+      if (!w.data.empty()) c.data.push_back(iovec{const_cast<uint8_t*>(w.data.data()), w.data.size()});
+    }
+    c.meta = wire::encode_write_req(req);
+    auto meta = call(server, c, nullptr);
+    Result<std::vector<wire::WriteRespItem>> resp = meta.ok() ? wire::decode_write_resp(*meta) : meta.status();
+    if (resp.ok() && resp->size() != idx.size()) {
+      resp = corrupt("write response has {} items for {}", resp->size(), idx.size());
+    }
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ChunkWriteResult& out = results[idx[k]];
+      if (!resp.ok()) {
+        out.status = resp.status();
+        continue;
+      }
+      out.status = (*resp)[k].status;
+      out.version = (*resp)[k].version;
+      out.existed = (*resp)[k].existed;
+    }
+  });
+}
+
+void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResult> results) {
+  CHECK(items.size() == results.size());
+  std::vector<size_t> tgt(items.size());
+  std::vector<bool> ok(items.size(), true);
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i] = ChunkReadResult{};
+    auto t = target_for(items[i].id, items[i].target);
+    if (!t.ok()) {
+      results[i].status = t.status();
+      ok[i] = false;
+      continue;
+    }
+    tgt[i] = *t;
+  }
+  // Responses are sized by what is read: budget by the destination size where known.
+  const Plan requests = plan(tgt, ok, [&](size_t i) {
+    return items[i].dest.empty() ? uint64_t{1} << 20 : static_cast<uint64_t>(items[i].dest.size());
+  });
+  run_all(requests.size(), [&](size_t r) {
+    const auto& [server, idx] = requests[r];
+    std::vector<wire::ReadReqItem> req;
+    for (size_t i : idx) {
+      const TargetInfo& t = targets_[tgt[i]];
+      req.push_back(wire::ReadReqItem{.chain_id = t.chain_id,
+                                      .chain_ver = t.chain_ver,
+                                      .id = std::string(items[i].id),
+                                      .offset = items[i].offset,
+                                      .length = items[i].length,
+                                      .lease_ms = items[i].lease_ms});
+    }
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRead), .request_id = next_request(), .meta = wire::encode_read_req(req)};
+    std::vector<wire::ReadRespItem> got;
+    std::vector<std::vector<uint8_t>> scratch(idx.size());
+    std::vector<uint8_t*> where(idx.size(), nullptr);
+    auto sink = [&](const wire::Header& h, std::string_view meta) -> Result<std::vector<iovec>> {
+      got = TRY(wire::decode_read_resp(meta, h.data_bytes));
+      if (got.size() != idx.size()) return corrupt("read response has {} items for {}", got.size(), idx.size());
+      std::vector<iovec> dest;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const ChunkRead& in = items[idx[k]];
+        ChunkReadResult& out = results[idx[k]];
+        out = ChunkReadResult{.status = got[k].status,
+                              .version = got[k].version,
+                              .length = got[k].data_length,
+                              .chunk_length = got[k].chunk_length};
+        if (!got[k].status.ok() || got[k].data_length == 0) continue;
+        const uint32_t len = got[k].data_length;
+        if (!in.dest.empty() && in.dest.size() < len) {
+          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", in.id, len, in.dest.size());
+          scratch[k].resize(len);
+          dest.push_back(iovec{scratch[k].data(), len});
+          continue;
+        }
+        if (in.dest.empty()) {
+          out.data.resize(len);
+          where[k] = out.data.data();
+        } else {
+          where[k] = in.dest.data();
+        }
+        dest.push_back(iovec{where[k], len});
+      }
+      return dest;
+    };
+    auto meta = call(server, c, sink);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ChunkReadResult& out = results[idx[k]];
+      if (!meta.ok()) {
+        out = ChunkReadResult{.status = meta.status()};
+        continue;
+      }
+      if (!out.status.ok() || where[k] == nullptr || !params_.verify_checksums) continue;
+      const uint32_t crc = crc32c(where[k], out.length);
+      if (crc != got[k].crc32c) {
+        out.status = corrupt("chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted in "
+                             "transit)", items[idx[k]].id, crc, got[k].crc32c);
+      }
+    }
+  });
+}
+
+void ClientImpl::stat(std::span<const std::string_view> ids, std::span<ChunkStat> results, uint32_t lease_ms,
+                      std::span<const size_t> targets) {
+  CHECK(ids.size() == results.size());
+  CHECK(targets.empty() || targets.size() == ids.size());
+  std::vector<size_t> tgt(ids.size());
+  std::vector<bool> ok(ids.size(), true);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    results[i] = ChunkStat{};
+    auto t = target_for(ids[i], targets.empty() ? std::nullopt : std::optional<size_t>(targets[i]));
+    if (!t.ok()) {
+      results[i].status = t.status();
+      ok[i] = false;
+      continue;
+    }
+    tgt[i] = *t;
+  }
+  const Plan requests = plan(tgt, ok, [](size_t) { return uint64_t{0}; });
+  run_all(requests.size(), [&](size_t r) {
+    const auto& [server, idx] = requests[r];
+    std::vector<wire::IdReqItem> req;
+    for (size_t i : idx) {
+      const TargetInfo& t = targets_[tgt[i]];
+      req.push_back(wire::IdReqItem{t.chain_id, t.chain_ver, std::string(ids[i]), lease_ms});
+    }
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kStat), .request_id = next_request(), .meta = wire::encode_id_req(req, true)};
+    auto meta = call(server, c, nullptr);
+    Result<std::vector<wire::StatRespItem>> resp = meta.ok() ? wire::decode_stat_resp(*meta) : meta.status();
+    if (resp.ok() && resp->size() != idx.size()) resp = corrupt("stat response has {} items for {}", resp->size(), idx.size());
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ChunkStat& out = results[idx[k]];
+      if (!resp.ok()) {
+        out.status = resp.status();
+        continue;
+      }
+      const auto& s = (*resp)[k];
+      out = ChunkStat{.status = s.status,
+                      .version = s.version,
+                      .length = s.length,
+                      .crc32c = s.crc32c,
+                      .evictable = (s.flags & 1) != 0,
+                      .created_ms = s.created_ms,
+                      .expire_ms = s.expire_ms};
+    }
+  });
+}
+
+Status ClientImpl::remove(std::span<const std::string_view> ids, std::span<bool> existed,
+                          std::span<const size_t> targets) {
+  CHECK(ids.size() == existed.size());
+  CHECK(targets.empty() || targets.size() == ids.size());
+  std::vector<size_t> tgt(ids.size());
+  std::vector<bool> ok(ids.size(), true);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    existed[i] = false;
+    tgt[i] = TRY(target_for(ids[i], targets.empty() ? std::nullopt : std::optional<size_t>(targets[i])));
+  }
+  const Plan requests = plan(tgt, ok, [](size_t) { return uint64_t{0}; });
+  std::vector<Status> errors(requests.size());
+  run_all(requests.size(), [&](size_t r) {
+    const auto& [server, idx] = requests[r];
+    std::vector<wire::IdReqItem> req;
+    for (size_t i : idx) {
+      const TargetInfo& t = targets_[tgt[i]];
+      req.push_back(wire::IdReqItem{t.chain_id, t.chain_ver, std::string(ids[i]), 0});
+    }
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRemove), .request_id = next_request(), .meta = wire::encode_id_req(req, false)};
+    auto meta = call(server, c, nullptr);
+    Result<std::vector<wire::RemoveRespItem>> resp = meta.ok() ? wire::decode_remove_resp(*meta) : meta.status();
+    if (resp.ok() && resp->size() != idx.size()) resp = corrupt("remove response has {} items for {}", resp->size(), idx.size());
+    if (!resp.ok()) {
+      errors[r] = resp.status();
+      return;
+    }
+    for (size_t k = 0; k < idx.size(); ++k) {
+      existed[idx[k]] = (*resp)[k].existed;
+      if (!(*resp)[k].status.ok() && errors[r].ok()) errors[r] = (*resp)[k].status;
+    }
+  });
+  for (const Status& s : errors) {
+    if (!s.ok()) return s;
+  }
+  return {};
+}
+
+Result<std::vector<ChunkListing>> ClientImpl::list(size_t target, std::string_view prefix, std::string_view start_after,
+                                                   uint32_t limit, bool* more) {
+  if (target >= targets_.size()) return out_of_range("target {} (the chain table has {})", target, targets_.size());
+  const TargetInfo& t = targets_[target];
+  Call c{.msg = static_cast<uint16_t>(wire::MsgId::kList),
+         .request_id = next_request(),
+         .meta = wire::encode_list_req(wire::ListReq{t.chain_id, std::string(prefix), std::string(start_after), limit})};
+  const std::string meta = TRY(call(target_server_[target], c, nullptr));
+  const wire::ListResp resp = TRY(wire::decode_list_resp(meta));
+  if (more != nullptr) *more = resp.more;
+  std::vector<ChunkListing> out;
+  for (const auto& it : resp.items) out.push_back(ChunkListing{it.id, it.length, it.version, it.created_ms});
+  return out;
+}
+
+Result<ServerHealth> ClientImpl::health(size_t server) {
+  if (server >= servers_.size()) return out_of_range("server {} (connected to {})", server, servers_.size());
+  Call c{.msg = static_cast<uint16_t>(wire::MsgId::kHealth), .request_id = next_request()};
+  const std::string meta = TRY(call(server, c, nullptr));
+  auto h = wire::decode_health_resp(meta);
+  if (!h.ok()) return h.status();
+  for (TargetHealth& t : h->targets) t.info.server = servers_[server]->name;
+  return h;
+}
+
+}  // namespace fathom::storage
