@@ -1,4 +1,5 @@
 // SlotAllocator: per-class group bitmaps with sets of partly used and absent groups.
+#include "storage/ids.h"
 #include "storage/allocator.h"
 
 #include <algorithm>
@@ -142,14 +143,14 @@ void SlotAllocator::trim(int cls) {
 
 Status SlotAllocator::mark_used(const Slot& slot, std::string_view owner) {
   auto where = locate(slot);
-  if (!where.ok()) return where.status().with_context(fmt::format("chunk '{}'", owner));
+  if (!where.ok()) return where.status().with_context(fmt::format("chunk '{}'", printable_id(owner)));
   const auto [g, idx] = *where;
   ClassState& st = state_[slot.size_class];
   if (g >= st.groups.size() || !st.groups[g].reserved) add_group(slot.size_class, g);
   Group& group = st.groups[g];
   const uint64_t bit = uint64_t{1} << (idx % 64);
   if (group.bits[idx / 64] & bit) {
-    return corrupt("chunk '{}': slot at offset {} of class {} is already used by another chunk", owner, slot.offset,
+    return corrupt("chunk '{}': slot at offset {} of class {} is already used by another chunk", printable_id(owner), slot.offset,
                    slot.size_class);
   }
   group.bits[idx / 64] |= bit;

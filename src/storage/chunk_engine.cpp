@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 
 #include "base/check.h"
 #include "base/log.h"
+#include "storage/ids.h"
 #include "storage/chunk_engine_impl.h"
 #include "storage/crc32c.h"
 
@@ -53,7 +55,9 @@ Status ChunkEngine::load_superblock() {
   if (!stored) {
     if (params_.group_bytes < 4096) return invalid_argument("group bytes {} below 4096", params_.group_bytes);
     const std::vector<uint32_t> sizes = SlotAllocator::default_slot_sizes();
-    nlohmann::json sb = {{"magic", "fathom-storage-target"}, {"format", 1},
+    std::random_device rd;
+    uuid_ = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+    nlohmann::json sb = {{"magic", "fathom-storage-target"}, {"format", 1}, {"uuid", uuid_},
                          {"target_id", params_.target_id},    {"chain_id", params_.chain_id},
                          {"group_bytes", params_.group_bytes}, {"slot_sizes", sizes},
                          {"created_ms", now_ms()}};
@@ -69,6 +73,7 @@ Status ChunkEngine::load_superblock() {
         return corrupt("superblock: not a format-1 fathom storage target");
       }
       target_id_ = sb.at("target_id").get<uint32_t>();
+      uuid_ = sb.at("uuid").get<std::string>();
       chain_id_ = sb.at("chain_id").get<uint32_t>();
       const auto sizes = sb.at("slot_sizes").get<std::vector<uint32_t>>();
       const auto group = sb.at("group_bytes").get<uint64_t>();
@@ -102,7 +107,7 @@ Status ChunkEngine::rebuild() {
     const std::string id(key.substr(1));
     const ChunkMeta m = TRY(decode_chunk_meta(value, id));
     if (m.size_class >= alloc_->classes().size() || m.length > alloc_->classes()[m.size_class].slot_bytes) {
-      return corrupt("chunk '{}': {} bytes in class {}", id, m.length, m.size_class);
+      return corrupt("chunk '{}': {} bytes in class {}", printable_id(id), m.length, m.size_class);
     }
     TRY(alloc_->mark_used(Slot{m.size_class, m.offset}, id));
     TRY(class_file(m.size_class));
@@ -298,7 +303,7 @@ void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag, st
     Status st = validate_item(it);
     const uint32_t crc = st.ok() ? crc32c(it.data, it.length) : 0;
     if (st.ok() && it.expected_crc && *it.expected_crc != crc) {
-      st = corrupt("chunk '{}': data CRC32C {:08x} differs from the sender's {:08x} (corrupted in transit)", it.id,
+      st = corrupt("chunk '{}': data CRC32C {:08x} differs from the sender's {:08x} (corrupted in transit)", printable_id(it.id),
                    crc, *it.expected_crc);
     }
     if (st.ok() && (it.mode == WriteMode::kCreate || tag.client != 0) && skip_existing(it, tag, now, results[i])) {
@@ -307,7 +312,7 @@ void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag, st
     const int cls = alloc_->class_for(it.length);
     if (st.ok()) st = allocate_with_eviction(cls, &slots[i]);
     if (!st.ok()) {
-      results[i].status = st.with_context(fmt::format("write '{}'", it.id));
+      results[i].status = st.with_context(fmt::format("write '{}'", printable_id(it.id)));
       continue;
     }
     CommitOp& op = ops[i];
@@ -354,7 +359,7 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
                                         const std::vector<size_t>& io_item, std::vector<bool>& active,
                                         std::span<WriteResult> results) {
   auto fail = [&](size_t i, const Status& s) {
-    results[i].status = s.with_context(fmt::format("write '{}'", items[i].id));
+    results[i].status = s.with_context(fmt::format("write '{}'", printable_id(items[i].id)));
     active[i] = false;
     std::lock_guard lock(mu_);
     free_slot_locked(slots[i]);
@@ -385,7 +390,7 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
   for (size_t k = 0; k < live_ops.size(); ++k) {
     const CommitOp& op = live_ops[k];
     WriteResult& r = results[live_index[k]];
-    r.status = op.status.ok() ? Status() : op.status.with_context(fmt::format("write '{}'", op.id));
+    r.status = op.status.ok() ? Status() : op.status.with_context(fmt::format("write '{}'", printable_id(op.id)));
     r.version = op.version;
     r.existed = op.existed;
     r.duplicate = op.duplicate;
@@ -398,7 +403,7 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
 
 Status ChunkEngine::write(std::string_view id, std::string_view data, WriteMode mode, uint8_t flags, uint32_t ttl_s) {
   if (data.size() > kMaxChunkBytes) {
-    return invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", id, data.size(), kMaxChunkBytes);
+    return invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", printable_id(id), data.size(), kMaxChunkBytes);
   }
   const WriteItem item{.id = id,
                        .data = reinterpret_cast<const uint8_t*>(data.data()),
@@ -423,7 +428,7 @@ Status ChunkEngine::remove_batch(std::span<const std::string_view> ids, std::spa
   Status first;
   for (size_t i = 0; i < ids.size(); ++i) {
     existed[i] = ops[i].existed && ops[i].status.ok();
-    if (!ops[i].status.ok() && first.ok()) first = ops[i].status.with_context(fmt::format("remove '{}'", ids[i]));
+    if (!ops[i].status.ok() && first.ok()) first = ops[i].status.with_context(fmt::format("remove '{}'", printable_id(ids[i])));
     if (existed[i]) counters_.removes.fetch_add(1, std::memory_order_relaxed);
   }
   return first;

@@ -165,6 +165,8 @@ class ChunkEngine {
   const std::string& dir() const { return params_.dir; }
   uint32_t target_id() const { return target_id_; }
   uint32_t chain_id() const { return chain_id_; }
+  // 32 hex digits, random at creation: the target's identity whatever server or address serves it.
+  const std::string& uuid() const { return uuid_; }
   IoBackend io_backend() const { return files_->backend(); }
   bool direct_io() const { return files_->direct(); }
   // Where a chunk lives (data file path, byte offset): for tests and `fathom store stat --raw`.
@@ -216,6 +218,7 @@ class ChunkEngine {
 
   EngineParams params_;
   uint32_t target_id_ = 0, chain_id_ = 0;
+  std::string uuid_;
   std::unique_ptr<MetaStore> meta_;
   std::unique_ptr<DataFiles> files_;
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "storage/ids.h"
 #include "storage/chunk_engine_impl.h"
 #include "storage/crc32c.h"
 
@@ -18,12 +19,12 @@ void ChunkEngine::pin(std::span<const ReadItem> items, std::span<ReadPin> pins) 
     p = ReadPin{};
     auto it = index_.find(item.id);
     if (it == index_.end() || !live(it->second.meta, now)) {
-      p.status = not_found("chunk '{}' not found on target {}", item.id, target_id_);
+      p.status = not_found("chunk '{}' not found on target {}", printable_id(item.id), target_id_);
       continue;
     }
     Entry& e = it->second;
     if (item.offset > e.meta.length) {
-      p.status = out_of_range("chunk '{}': offset {} past its {} bytes", item.id, item.offset, e.meta.length);
+      p.status = out_of_range("chunk '{}': offset {} past its {} bytes", printable_id(item.id), item.offset, e.meta.length);
       continue;
     }
     p.meta = e.meta;
@@ -104,7 +105,7 @@ Result<std::string> ChunkEngine::read(std::string_view id) {
   uint8_t* const ptr = buf->data();
   read_pinned(std::span(&pin_state, 1), std::span(&ptr, 1));
   unpin(std::span(&pin_state, 1));
-  if (!pin_state.status.ok()) return pin_state.status.with_context(fmt::format("read '{}'", id));
+  if (!pin_state.status.ok()) return pin_state.status.with_context(fmt::format("read '{}'", printable_id(id)));
   return std::string(reinterpret_cast<const char*>(ptr), pin_state.meta.length);
 }
 
@@ -113,7 +114,7 @@ Result<ChunkMeta> ChunkEngine::stat(std::string_view id, uint32_t lease_ms) {
   const int64_t now = now_ms();
   auto it = index_.find(id);
   if (it == index_.end() || !live(it->second.meta, now)) {
-    return not_found("chunk '{}' not found on target {}", id, target_id_);
+    return not_found("chunk '{}' not found on target {}", printable_id(id), target_id_);
   }
   if (lease_ms > 0) it->second.lease_until_ms = std::max(it->second.lease_until_ms, now + int64_t{lease_ms});
   return it->second.meta;
@@ -122,7 +123,7 @@ Result<ChunkMeta> ChunkEngine::stat(std::string_view id, uint32_t lease_ms) {
 Result<std::pair<std::string, uint64_t>> ChunkEngine::locate(std::string_view id) {
   std::lock_guard lock(mu_);
   auto it = index_.find(id);
-  if (it == index_.end()) return not_found("chunk '{}' not found on target {}", id, target_id_);
+  if (it == index_.end()) return not_found("chunk '{}' not found on target {}", printable_id(id), target_id_);
   return std::pair<std::string, uint64_t>(files_->path(class_files_[it->second.meta.size_class]),
                                           it->second.meta.offset);
 }

@@ -78,14 +78,13 @@ Status ClientImpl::init() {
       all.emplace_back(t, servers_.size() - 1);
     }
   }
-  // The table is ordered by server address as named, then chain id, so every client configured
-  // with the same servers places every key alike, whatever the order of --server options.
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.first.server != b.first.server ? a.first.server < b.first.server : a.first.chain_id < b.first.chain_id;
-  });
+  // The table is ordered by target uuid, so every client reaching the same targets places every
+  // key alike, whatever the servers' addresses or the order they were named in.
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first.uuid < b.first.uuid; });
   for (size_t i = 1; i < all.size(); ++i) {
-    if (all[i].first.server == all[i - 1].first.server && all[i].first.chain_id == all[i - 1].first.chain_id) {
-      return invalid_argument("server {} is named twice", all[i].first.server);
+    if (all[i].first.uuid == all[i - 1].first.uuid) {
+      return invalid_argument("target {} is reached through both {} and {} (a server named twice?)", all[i].first.uuid,
+                              all[i - 1].first.server, all[i].first.server);
     }
   }
   for (const auto& [info, server] : all) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "storage/ids.h"
 #include "storage/chunk_engine.h"
 #include "storage/client_impl.h"
 #include "storage/crc32c.h"
@@ -18,7 +19,7 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
     auto t = target_for(items[i].id, items[i].target);
     Status s = t.status();
     if (s.ok() && items[i].data.size() > kMaxChunkBytes) {
-      s = invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", items[i].id, items[i].data.size(),
+      s = invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", printable_id(items[i].id), items[i].data.size(),
                            kMaxChunkBytes);
     }
     if (!s.ok()) {
@@ -113,7 +114,7 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
         if (!got[k].status.ok() || got[k].data_length == 0) continue;
         const uint32_t len = got[k].data_length;
         if (!in.dest.empty() && in.dest.size() < len) {
-          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", in.id, len, in.dest.size());
+          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", printable_id(in.id), len, in.dest.size());
           scratch[k].resize(len);
           dest.push_back(iovec{scratch[k].data(), len});
           continue;
@@ -139,7 +140,7 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
       const uint32_t crc = crc32c(where[k], out.length);
       if (crc != got[k].crc32c) {
         out.status = corrupt("chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted in "
-                             "transit)", items[idx[k]].id, crc, got[k].crc32c);
+                             "transit)", printable_id(items[idx[k]].id), crc, got[k].crc32c);
       }
     }
   });

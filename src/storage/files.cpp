@@ -3,7 +3,8 @@
 // "F"+inode id+chunk index. Writing the inode record is the commit point: data chunks go first,
 // so a reader sees the old file or the new one, never a mix; the old version's chunks are
 // removed after the switch. Chunk i lives on layout[XXH3(chunk id) mod |layout|], the layout
-// being the chain table when the file was written, so adding targets later moves nothing.
+// being the target uuids when the file was written, so adding targets or moving servers to other
+// addresses later moves nothing.
 // Not done: garbage collection of chunks orphaned by a client that died mid-put.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -38,7 +39,7 @@ struct Inode {
   uint64_t chunks = 0;
   uint32_t crc32c = 0;
   int64_t mtime_ms = 0;
-  std::vector<std::pair<std::string, uint32_t>> layout;  // (server, chain id)
+  std::vector<std::string> layout;  // target uuids
 };
 
 std::string hex(std::string_view bytes) {
@@ -68,8 +69,7 @@ Status validate_path(std::string_view path) {
 }
 
 std::string encode_inode(const Inode& n) {
-  nlohmann::json layout = nlohmann::json::array();
-  for (const auto& [server, chain] : n.layout) layout.push_back({{"server", server}, {"chain", chain}});
+  nlohmann::json layout = n.layout;
   nlohmann::json j = {{"format", 1},           {"inode", hex(n.id)},     {"size", n.size},
                       {"chunk_bytes", n.chunk_bytes}, {"chunks", n.chunks}, {"crc32c", n.crc32c},
                       {"mtime_ms", n.mtime_ms}, {"layout", layout}};
@@ -90,7 +90,7 @@ Result<Inode> decode_inode(std::string_view text, const std::string& path) {
     n.chunks = j.at("chunks").get<uint64_t>();
     n.crc32c = j.at("crc32c").get<uint32_t>();
     n.mtime_ms = j.at("mtime_ms").get<int64_t>();
-    for (const auto& l : j.at("layout")) n.layout.emplace_back(l.at("server").get<std::string>(), l.at("chain").get<uint32_t>());
+    n.layout = j.at("layout").get<std::vector<std::string>>();
   } catch (const std::exception& ex) {
     return corrupt("inode of '{}': {}", path, ex.what());
   }
@@ -110,12 +110,10 @@ FileInfo to_info(const Inode& n) {
 Result<std::vector<size_t>> resolve_layout(const StorageClient& client, const Inode& n) {
   std::vector<size_t> out;
   const auto& table = client.targets();
-  for (const auto& [server, chain] : n.layout) {
-    auto it = std::find_if(table.begin(), table.end(),
-                           [&](const TargetInfo& t) { return t.server == server && t.chain_id == chain; });
+  for (const std::string& uuid : n.layout) {
+    auto it = std::find_if(table.begin(), table.end(), [&](const TargetInfo& t) { return t.uuid == uuid; });
     if (it == table.end()) {
-      return unavailable("'{}' has chunks on chain {} of server {}, which this client is not connected to", n.path,
-                         chain, server);
+      return unavailable("'{}' has chunks on target {}, which none of the connected servers serves", n.path, uuid);
     }
     out.push_back(static_cast<size_t>(it - table.begin()));
   }
@@ -202,7 +200,7 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   n.mtime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::vector<size_t> layout;
   for (size_t t = 0; t < client.targets().size(); ++t) {
-    n.layout.emplace_back(client.targets()[t].server, client.targets()[t].chain_id);
+    n.layout.push_back(client.targets()[t].uuid);
     layout.push_back(t);
   }
   const uint64_t batch = std::max(params.batch, 1);

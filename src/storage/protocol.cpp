@@ -335,6 +335,7 @@ std::string encode_error_resp(const Status& status) {
 namespace {
 
 void write_target(Writer& w, const TargetInfo& t) {
+  w.str(t.uuid, 64);
   w.num<uint32_t>(t.target_id);
   w.num<uint32_t>(t.chain_id);
   w.num<uint32_t>(t.chain_ver);
@@ -344,6 +345,7 @@ void write_target(Writer& w, const TargetInfo& t) {
 
 TargetInfo read_target(Reader& r) {
   TargetInfo t;
+  t.uuid = r.str(64);
   t.target_id = r.num<uint32_t>();
   t.chain_id = r.num<uint32_t>();
   t.chain_ver = r.num<uint32_t>();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <random>
 #include <set>
 
@@ -117,7 +118,10 @@ Result<std::unique_ptr<ServerImpl>> ServerImpl::create(ServerParams params) {
 Status ServerImpl::open_targets() {
   const IoBackend io = TRY(parse_io_backend(params_.io));
   std::set<std::string> dirs;
-  for (const TargetParams& t : params_.targets) {
+  for (TargetParams& t : params_.targets) {
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(t.dir, ec);
+    if (!ec) t.dir = abs.lexically_normal().string();  // clients see (and fio uses) absolute paths
     if (!dirs.insert(t.dir).second) return invalid_argument("target '{}' given twice", t.dir);
   }
   // Existing targets keep their ids; new ones take the lowest free id (chain id = target id).
@@ -145,6 +149,12 @@ Status ServerImpl::open_targets() {
       continue;
     }
     TRY(open_one(i, 0));
+    for (size_t k = 0; k < i; ++k) {
+      if (engines_[k] && engines_[k]->uuid() == engines_[i]->uuid()) {
+        return failed_precondition("targets '{}' and '{}' are the same target (uuid {}): a copied directory?",
+                                   params_.targets[k].dir, params_.targets[i].dir, engines_[i]->uuid());
+      }
+    }
     if (!used.insert(engines_[i]->chain_id()).second) {
       return failed_precondition("target '{}' has chain id {} like another target (a copied directory?)",
                                  params_.targets[i].dir, engines_[i]->chain_id());
@@ -387,7 +397,8 @@ Result<ChunkEngine*> ServerImpl::route(uint32_t chain_id, uint32_t chain_ver) {
 std::vector<TargetInfo> ServerImpl::target_infos() const {
   std::vector<TargetInfo> out;
   for (const auto& e : engines_) {
-    out.push_back(TargetInfo{.target_id = e->target_id(),
+    out.push_back(TargetInfo{.uuid = e->uuid(),
+                             .target_id = e->target_id(),
                              .chain_id = e->chain_id(),
                              .chain_ver = 1,
                              .capacity_bytes = e->stats().capacity_bytes,

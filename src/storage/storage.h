@@ -64,6 +64,7 @@ struct ServerParams {
 };
 
 struct TargetInfo {
+  std::string uuid;  // the target's permanent identity (32 hex digits)
   uint32_t target_id = 0;
   uint32_t chain_id = 0;
   uint32_t chain_ver = 0;
@@ -108,6 +109,17 @@ class StorageServer {
   virtual void stop() = 0;
   virtual ServerHealth health() const = 0;
 };
+
+// Offline check of a target directory (the server must not be running on it): opens it, reads
+// every chunk and verifies its CRC32C.
+struct TargetReport {
+  uint32_t target_id = 0;
+  uint64_t chunks = 0;
+  uint64_t live_bytes = 0;
+  uint64_t orphan_bytes_reclaimed = 0;  // released by this open
+  std::vector<std::string> corrupt_ids;  // printable (non-printable bytes escaped)
+};
+Result<TargetReport> verify_target(const std::string& dir);
 
 // ---------------------------------------------------------------------------------------------
 // Client: chunk-level access
