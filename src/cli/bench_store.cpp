@@ -65,9 +65,16 @@ struct PhaseResult {
   double iops() const { return seconds > 0 ? ops / seconds : 0; }
   double cores_per_gbs() const { return gbs() > 0 ? cpu_s / seconds / gbs() : 0; }
   nlohmann::json to_json() const {
-    return {{"seconds", seconds},   {"bytes", bytes},          {"ops", ops},   {"gbs", gbs()},
-            {"iops", iops()},       {"request_p50_ms", p50_ms}, {"request_p99_ms", p99_ms},
-            {"cpu_seconds", cpu_s}, {"cpu_cores_per_gbs", cores_per_gbs()}, {"errors", errors}};
+    return {{"seconds", seconds},
+            {"bytes", bytes},
+            {"ops", ops},
+            {"gbs", gbs()},
+            {"iops", iops()},
+            {"request_p50_ms", p50_ms},
+            {"request_p99_ms", p99_ms},
+            {"cpu_seconds", cpu_s},
+            {"cpu_cores_per_gbs", cores_per_gbs()},
+            {"errors", errors}};
   }
 };
 
@@ -77,8 +84,8 @@ struct BatchOutcome {
   double bytes = 0, ops = 0;
   Status error;
 };
-PhaseResult run_phase(int threads, uint64_t batches, double seconds, storage::StorageClient& client, bool remote,
-                      const std::function<BatchOutcome(int, uint64_t)>& fn) {
+PhaseResult run_phase(int threads, uint64_t batches, double seconds, storage::StorageClient& client,
+                      bool remote, const std::function<BatchOutcome(int, uint64_t)>& fn) {
   std::atomic<uint64_t> next{0};
   std::mutex mu;
   PhaseResult r;
@@ -120,8 +127,13 @@ struct FioResult {
   double bw_bytes = 0, iops = 0, p50_ms = 0, p99_ms = 0;
   std::string command;
   nlohmann::json to_json() const {
-    return {{"ok", status.ok()}, {"gbs", bw_bytes / 1e9}, {"iops", iops}, {"clat_p50_ms", p50_ms},
-            {"clat_p99_ms", p99_ms}, {"command", command}, {"error", status.ok() ? "" : status.to_string()}};
+    return {{"ok", status.ok()},
+            {"gbs", bw_bytes / 1e9},
+            {"iops", iops},
+            {"clat_p50_ms", p50_ms},
+            {"clat_p99_ms", p99_ms},
+            {"command", command},
+            {"error", status.ok() ? "" : status.to_string()}};
   }
 };
 
@@ -167,9 +179,12 @@ KvKey key_for(uint64_t run, uint64_t phase, uint64_t i) {
 
 int run_store_bench(int argc, char** argv) {
   Options o;
-  Args args(argv[0], "Storage service put/get GB/s, 4 KiB random-read IOPS and latency, against fio in the same run.");
-  args.multi("--server", &o.servers, "a running server (default: start one in-process on --dir)", "HOST:PORT");
-  args.option("--dir", &o.dir, "target directory for the in-process server (default: a temporary one)", "DIR");
+  Args args(argv[0],
+            "Storage service put/get GB/s, 4 KiB random-read IOPS and latency, against fio in the same run.");
+  args.multi("--server", &o.servers, "a running server (default: start one in-process on --dir)",
+             "HOST:PORT");
+  args.option("--dir", &o.dir, "target directory for the in-process server (default: a temporary one)",
+              "DIR");
   args.option("--block-size", &o.block, "block size of the put/get phases", "SIZE");
   args.option("--batch", &o.batch, "blocks per request");
   args.option("--threads", &o.threads, "requests in flight (client threads)");
@@ -188,18 +203,21 @@ int run_store_bench(int argc, char** argv) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
   if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block) {
-    return fail(args.command(), invalid_argument("need 0 < --block-size <= 64M <= ..., --batch and --threads >= 1, "
-                                                 "--bytes >= --block-size"));
+    return fail(args.command(),
+                invalid_argument("need 0 < --block-size <= 64M <= ..., --batch and --threads >= 1, "
+                                 "--bytes >= --block-size"));
   }
   // The server: a running one, or one in this process.
   std::unique_ptr<storage::StorageServer> local;
   std::string tmp_dir;
   std::vector<std::string> servers = o.servers;
   if (servers.empty()) {
-    tmp_dir = o.dir.empty() ? (std::filesystem::temp_directory_path() / fmt::format("fathom-store-bench-{}", getpid())).string()
-                            : o.dir;
-    auto s = storage::StorageServer::start(storage::ServerParams{.targets = {storage::TargetParams{tmp_dir}},
-                                                                 .listen = "127.0.0.1:0"});
+    tmp_dir = o.dir.empty()
+                  ? (std::filesystem::temp_directory_path() / fmt::format("fathom-store-bench-{}", getpid()))
+                        .string()
+                  : o.dir;
+    auto s = storage::StorageServer::start(
+        storage::ServerParams{.targets = {storage::TargetParams{tmp_dir}}, .listen = "127.0.0.1:0"});
     if (!s.ok()) return fail(args.command(), s.status());
     local = std::move(*s);
     servers.push_back(local->address());
@@ -235,7 +253,8 @@ int run_store_bench(int argc, char** argv) {
     }
     return out;
   };
-  auto get_blocks = [&](int t, const std::vector<uint64_t>& which, uint64_t phase, uint64_t size) -> BatchOutcome {
+  auto get_blocks = [&](int t, const std::vector<uint64_t>& which, uint64_t phase,
+                        uint64_t size) -> BatchOutcome {
     std::vector<KvKey> keys;
     std::vector<std::span<uint8_t>> spans;
     for (size_t k = 0; k < which.size(); ++k) {
@@ -260,12 +279,14 @@ int run_store_bench(int argc, char** argv) {
   for (uint64_t i = 0; i < n_blocks; ++i) order[i] = i;
   for (uint64_t i = n_blocks; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
   const PhaseResult get = run_phase(threads, n_batches, 0, **client, remote, [&](int t, uint64_t b) {
-    std::vector<uint64_t> which(order.begin() + b * batch, order.begin() + std::min(n_blocks, (b + 1) * batch));
+    std::vector<uint64_t> which(order.begin() + b * batch,
+                                order.begin() + std::min(n_blocks, (b + 1) * batch));
     return get_blocks(t, which, 1, bs);
   });
   // 4 KiB random reads over a data set of --rand-bytes.
   const uint64_t n_small = std::max<uint64_t>(*rand_total / 4096, batch);
-  for (uint64_t first = 0; first < n_small; first += 1024) (void)put_blocks(2, first, std::min<uint64_t>(1024, n_small - first), 4096);
+  for (uint64_t first = 0; first < n_small; first += 1024)
+    (void)put_blocks(2, first, std::min<uint64_t>(1024, n_small - first), 4096);
   std::vector<Rng> rngs;
   for (int t = 0; t < threads; ++t) rngs.emplace_back(run + t);
   const PhaseResult rand4k = run_phase(threads, 0, o.rand_seconds, **client, remote, [&](int t, uint64_t) {
@@ -288,17 +309,21 @@ int run_store_bench(int argc, char** argv) {
   if (o.no_fio) {
     fio_write.status = fio_read.status = fio_rand.status = cancelled("--no-fio");
   } else if (!std::filesystem::is_directory(target_path)) {
-    fio_write.status = fio_read.status = fio_rand.status =
-        unavailable("target path '{}' is not on this machine: run the bench on the server's host", target_path);
+    fio_write.status = fio_read.status = fio_rand.status = unavailable(
+        "target path '{}' is not on this machine: run the bench on the server's host", target_path);
   } else {
     const std::string file = fmt::format("{}/fio-bench-{}.tmp", target_path, getpid());
-    const std::string common = fmt::format("--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", file, qd);
-    std::fprintf(stderr, "store bench: fio on %s (queue depth %llu)\n", target_path.c_str(), static_cast<unsigned long long>(qd));
-    fio_write = run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", common, bs,
-                                    n_blocks * bs, batch), true);
+    const std::string common =
+        fmt::format("--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", file, qd);
+    std::fprintf(stderr, "store bench: fio on %s (queue depth %llu)\n", target_path.c_str(),
+                 static_cast<unsigned long long>(qd));
+    fio_write = run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", common,
+                                    bs, n_blocks * bs, batch),
+                        true);
     fio_read = run_fio(fmt::format("{} --rw=randread --bs={} --size={}", common, bs, n_blocks * bs), false);
     fio_rand = run_fio(fmt::format("{} --rw=randread --bs=4k --size={} --runtime={} --time_based", common,
-                                   n_small * 4096, o.rand_seconds), false);
+                                   n_small * 4096, o.rand_seconds),
+                       false);
     std::filesystem::remove(file);
   }
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
@@ -309,29 +334,47 @@ int run_store_bench(int argc, char** argv) {
   if (!tmp_dir.empty() && o.dir.empty()) std::filesystem::remove_all(tmp_dir);
   const uint64_t errors = put.errors + get.errors + rand4k.errors;
   if (o.json) {
-    nlohmann::json j = {{"block_bytes", bs}, {"batch", batch}, {"threads", threads}, {"queue_depth", qd},
-                        {"target", target_path}, {"server", remote ? servers[0] : "in-process"},
-                        {"put", put.to_json()}, {"get", get.to_json()}, {"rand4k_get", rand4k.to_json()},
-                        {"fio_write", fio_write.to_json()}, {"fio_read", fio_read.to_json()},
-                        {"fio_rand4k_read", fio_rand.to_json()}, {"get_fraction_of_fio", get_frac},
-                        {"put_fraction_of_fio", put_frac}, {"rand4k_iops_fraction_of_fio", iops_frac},
+    nlohmann::json j = {{"block_bytes", bs},
+                        {"batch", batch},
+                        {"threads", threads},
+                        {"queue_depth", qd},
+                        {"target", target_path},
+                        {"server", remote ? servers[0] : "in-process"},
+                        {"put", put.to_json()},
+                        {"get", get.to_json()},
+                        {"rand4k_get", rand4k.to_json()},
+                        {"fio_write", fio_write.to_json()},
+                        {"fio_read", fio_read.to_json()},
+                        {"fio_rand4k_read", fio_rand.to_json()},
+                        {"get_fraction_of_fio", get_frac},
+                        {"put_fraction_of_fio", put_frac},
+                        {"rand4k_iops_fraction_of_fio", iops_frac},
                         {"errors", errors}};
     print_json_line(j.dump());
   } else {
-    std::printf("store bench: %s blocks, %d threads x batch %llu (queue depth %llu), target %s\n", format_bytes(bs).c_str(),
-                threads, static_cast<unsigned long long>(batch), static_cast<unsigned long long>(qd), target_path.c_str());
-    std::printf("  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> %.0f%%\n",
-                put.gbs(), put.iops(), put.p50_ms, put.p99_ms, put.cores_per_gbs(), fio_write.bw_bytes / 1e9, 100 * put_frac);
-    std::printf("  get  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio read  %.3f GB/s -> %.0f%%\n",
-                get.gbs(), get.iops(), get.p50_ms, get.p99_ms, get.cores_per_gbs(), fio_read.bw_bytes / 1e9, 100 * get_frac);
-    std::printf("  4K random get %8.0f IOPS  p50 %.2f ms p99 %.2f ms | fio %8.0f IOPS -> %.0f%%\n", rand4k.iops(),
-                rand4k.p50_ms, rand4k.p99_ms, fio_rand.iops, 100 * iops_frac);
+    std::printf("store bench: %s blocks, %d threads x batch %llu (queue depth %llu), target %s\n",
+                format_bytes(bs).c_str(), threads, static_cast<unsigned long long>(batch),
+                static_cast<unsigned long long>(qd), target_path.c_str());
+    std::printf(
+        "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
+        "%.0f%%\n",
+        put.gbs(), put.iops(), put.p50_ms, put.p99_ms, put.cores_per_gbs(), fio_write.bw_bytes / 1e9,
+        100 * put_frac);
+    std::printf(
+        "  get  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio read  %.3f GB/s -> "
+        "%.0f%%\n",
+        get.gbs(), get.iops(), get.p50_ms, get.p99_ms, get.cores_per_gbs(), fio_read.bw_bytes / 1e9,
+        100 * get_frac);
+    std::printf("  4K random get %8.0f IOPS  p50 %.2f ms p99 %.2f ms | fio %8.0f IOPS -> %.0f%%\n",
+                rand4k.iops(), rand4k.p50_ms, rand4k.p99_ms, fio_rand.iops, 100 * iops_frac);
     for (const FioResult* f : {&fio_write, &fio_read, &fio_rand}) {
       if (!f->status.ok()) std::printf("  fio: %s\n", f->status.to_string().c_str());
     }
   }
   if (errors > 0) {
-    const std::string first = !put.first_error.empty() ? put.first_error : !get.first_error.empty() ? get.first_error : rand4k.first_error;
+    const std::string first = !put.first_error.empty()   ? put.first_error
+                              : !get.first_error.empty() ? get.first_error
+                                                         : rand4k.first_error;
     return fail(args.command(), internal_error("{} failed operations; first: {}", errors, first));
   }
   return 0;
@@ -339,6 +382,7 @@ int run_store_bench(int argc, char** argv) {
 
 }  // namespace
 
-FATHOM_BENCH("store", "Storage service put/get GB/s, 4K IOPS, latency vs fio on the same disk", run_store_bench);
+FATHOM_BENCH("store", "Storage service put/get GB/s, 4K IOPS, latency vs fio on the same disk",
+             run_store_bench);
 
 }  // namespace fathom::cli

@@ -42,13 +42,15 @@ struct ClientOptions {
   std::vector<std::string> servers;
   int64_t timeout_ms = 60000;
   void add(Args& args) {
-    args.multi("--server", &servers, "storage server HOST:PORT (repeat or comma-separate for several)", "HOST:PORT");
+    args.multi("--server", &servers, "storage server HOST:PORT (repeat or comma-separate for several)",
+               "HOST:PORT");
     args.option("--timeout-ms", &timeout_ms, "I/O timeout per request", "MS");
   }
   Result<std::unique_ptr<StorageClient>> connect() const {
     const std::vector<std::string> list = split_servers(servers);
     if (list.empty()) return invalid_argument("--server HOST:PORT is required");
-    return StorageClient::connect(ClientParams{.servers = list, .io_timeout_ms = static_cast<int>(timeout_ms)});
+    return StorageClient::connect(
+        ClientParams{.servers = list, .io_timeout_ms = static_cast<int>(timeout_ms)});
   }
 };
 
@@ -69,8 +71,9 @@ int run_server(int argc, char** argv) {
   args.option("--memory", &memory, "buffer memory for all requests executing at once", "SIZE");
   args.option("--max-request", &max_request, "data bytes in one request or response", "SIZE");
   args.option("--group-size", &group, "slot-group size of new targets (preallocation unit)", "SIZE");
-  args.epilog("Prints 'fathom store server: ready listen=HOST:PORT targets=N' on stdout when serving;\n"
-              "SIGINT/SIGTERM stop it gracefully (in-flight requests finish, targets close).");
+  args.epilog(
+      "Prints 'fathom store server: ready listen=HOST:PORT targets=N' on stdout when serving;\n"
+      "SIGINT/SIGTERM stop it gracefully (in-flight requests finish, targets close).");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
@@ -99,7 +102,8 @@ int run_server(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto server = storage::StorageServer::start(p);
   if (!server.ok()) return fail(args.command(), server.status());
-  std::printf("fathom store server: ready listen=%s targets=%zu\n", (*server)->address().c_str(), p.targets.size());
+  std::printf("fathom store server: ready listen=%s targets=%zu\n", (*server)->address().c_str(),
+              p.targets.size());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
@@ -110,36 +114,54 @@ int run_server(int argc, char** argv) {
 }
 
 void print_health(const storage::ServerHealth& h, const std::string& server) {
-  std::printf("server %s: %s, up %.1f s, %u connections, %llu requests (%llu replayed), cpu %.2f s user %.2f s sys\n",
-              server.c_str(), h.ready ? "ready" : "draining", h.uptime_ms / 1e3, h.connections,
-              static_cast<unsigned long long>(h.requests), static_cast<unsigned long long>(h.replayed_requests),
-              h.cpu_user_us / 1e6, h.cpu_system_us / 1e6);
+  std::printf(
+      "server %s: %s, up %.1f s, %u connections, %llu requests (%llu replayed), cpu %.2f s user %.2f s sys\n",
+      server.c_str(), h.ready ? "ready" : "draining", h.uptime_ms / 1e3, h.connections,
+      static_cast<unsigned long long>(h.requests), static_cast<unsigned long long>(h.replayed_requests),
+      h.cpu_user_us / 1e6, h.cpu_system_us / 1e6);
   for (const auto& t : h.targets) {
-    std::printf("  target %u (chain %u) %s [%s%s]: %llu chunks, %s live, %s reserved of %s; %llu reads, %llu writes, "
-                "%llu evictions, %llu checksum errors\n",
-                t.info.target_id, t.info.chain_id, t.info.path.c_str(), t.io_backend.c_str(),
-                t.direct_io ? " O_DIRECT" : "", static_cast<unsigned long long>(t.chunks),
-                format_bytes(t.live_bytes).c_str(), format_bytes(t.reserved_bytes).c_str(),
-                t.info.capacity_bytes ? format_bytes(t.info.capacity_bytes).c_str() : "disk",
-                static_cast<unsigned long long>(t.reads), static_cast<unsigned long long>(t.writes),
-                static_cast<unsigned long long>(t.evictions), static_cast<unsigned long long>(t.checksum_errors));
+    std::printf(
+        "  target %u (chain %u) %s [%s%s]: %llu chunks, %s live, %s reserved of %s; %llu reads, %llu writes, "
+        "%llu evictions, %llu checksum errors\n",
+        t.info.target_id, t.info.chain_id, t.info.path.c_str(), t.io_backend.c_str(),
+        t.direct_io ? " O_DIRECT" : "", static_cast<unsigned long long>(t.chunks),
+        format_bytes(t.live_bytes).c_str(), format_bytes(t.reserved_bytes).c_str(),
+        t.info.capacity_bytes ? format_bytes(t.info.capacity_bytes).c_str() : "disk",
+        static_cast<unsigned long long>(t.reads), static_cast<unsigned long long>(t.writes),
+        static_cast<unsigned long long>(t.evictions), static_cast<unsigned long long>(t.checksum_errors));
   }
 }
 
 nlohmann::json health_json(const storage::ServerHealth& h) {
   nlohmann::json targets = nlohmann::json::array();
   for (const auto& t : h.targets) {
-    targets.push_back({{"target_id", t.info.target_id}, {"chain_id", t.info.chain_id}, {"path", t.info.path},
-                       {"io", t.io_backend}, {"direct", t.direct_io}, {"chunks", t.chunks},
-                       {"live_bytes", t.live_bytes}, {"used_slot_bytes", t.used_slot_bytes},
-                       {"reserved_bytes", t.reserved_bytes}, {"capacity_bytes", t.info.capacity_bytes},
-                       {"reads", t.reads}, {"writes", t.writes}, {"removes", t.removes},
-                       {"evictions", t.evictions}, {"expirations", t.expirations},
-                       {"checksum_errors", t.checksum_errors}, {"quarantined_slots", t.quarantined_slots}});
+    targets.push_back({{"target_id", t.info.target_id},
+                       {"chain_id", t.info.chain_id},
+                       {"path", t.info.path},
+                       {"io", t.io_backend},
+                       {"direct", t.direct_io},
+                       {"chunks", t.chunks},
+                       {"live_bytes", t.live_bytes},
+                       {"used_slot_bytes", t.used_slot_bytes},
+                       {"reserved_bytes", t.reserved_bytes},
+                       {"capacity_bytes", t.info.capacity_bytes},
+                       {"reads", t.reads},
+                       {"writes", t.writes},
+                       {"removes", t.removes},
+                       {"evictions", t.evictions},
+                       {"expirations", t.expirations},
+                       {"checksum_errors", t.checksum_errors},
+                       {"quarantined_slots", t.quarantined_slots}});
   }
-  return {{"ready", h.ready}, {"server_id", h.server_id}, {"uptime_ms", h.uptime_ms},
-          {"connections", h.connections}, {"requests", h.requests}, {"replayed_requests", h.replayed_requests},
-          {"cpu_user_us", h.cpu_user_us}, {"cpu_system_us", h.cpu_system_us}, {"targets", targets}};
+  return {{"ready", h.ready},
+          {"server_id", h.server_id},
+          {"uptime_ms", h.uptime_ms},
+          {"connections", h.connections},
+          {"requests", h.requests},
+          {"replayed_requests", h.replayed_requests},
+          {"cpu_user_us", h.cpu_user_us},
+          {"cpu_system_us", h.cpu_system_us},
+          {"targets", targets}};
 }
 
 int run_health(int argc, char** argv) {
@@ -201,11 +223,12 @@ int run_file_cmd(int argc, char** argv, const std::string& verb) {
   if (!chunk_bytes.ok()) return fail(args.command(), chunk_bytes.status());
   auto client = c.connect();
   if (!client.ok()) return fail(args.command(), client.status());
-  storage::FileStore files(**client, storage::FileStoreParams{.chunk_bytes = static_cast<uint32_t>(*chunk_bytes),
-                                                              .parallel = static_cast<int>(parallel)});
+  storage::FileStore files(**client,
+                           storage::FileStoreParams{.chunk_bytes = static_cast<uint32_t>(*chunk_bytes),
+                                                    .parallel = static_cast<int>(parallel)});
   auto info_json = [](const storage::FileInfo& f) {
-    return nlohmann::json{{"path", f.path},       {"size", f.size},        {"chunk_bytes", f.chunk_bytes},
-                          {"chunks", f.chunks},   {"crc32c", f.crc32c},    {"mtime_ms", f.mtime_ms},
+    return nlohmann::json{{"path", f.path},     {"size", f.size},     {"chunk_bytes", f.chunk_bytes},
+                          {"chunks", f.chunks}, {"crc32c", f.crc32c}, {"mtime_ms", f.mtime_ms},
                           {"inode", f.inode}};
   };
   Status s;
@@ -285,7 +308,8 @@ int run_kv(int argc, char** argv) {
       return fail(args.command(), invalid_argument("expected KEY {}", verb == "put" ? "FILE|-" : "[FILE]"));
     }
   }
-  auto keys = parse_keys(verb == "put" || verb == "get" ? std::vector<std::string>{rest.empty() ? "" : rest[0]} : rest);
+  auto keys = parse_keys(
+      verb == "put" || verb == "get" ? std::vector<std::string>{rest.empty() ? "" : rest[0]} : rest);
   if (!keys.ok()) return fail(args.command(), keys.status());
   if (verb == "put") {
     std::string data;
@@ -355,12 +379,16 @@ int run_verify(int argc, char** argv) {
     if (!r.ok()) return fail(args.command(), r.status());
     clean &= r->corrupt_ids.empty();
     if (json) {
-      all.push_back({{"dir", dir}, {"target_id", r->target_id}, {"chunks", r->chunks}, {"live_bytes", r->live_bytes},
+      all.push_back({{"dir", dir},
+                     {"target_id", r->target_id},
+                     {"chunks", r->chunks},
+                     {"live_bytes", r->live_bytes},
                      {"corrupt", r->corrupt_ids}});
       continue;
     }
     std::printf("%s: target %u, %llu chunks, %s, %zu corrupt\n", dir.c_str(), r->target_id,
-                static_cast<unsigned long long>(r->chunks), format_bytes(r->live_bytes).c_str(), r->corrupt_ids.size());
+                static_cast<unsigned long long>(r->chunks), format_bytes(r->live_bytes).c_str(),
+                r->corrupt_ids.size());
     for (const std::string& id : r->corrupt_ids) std::printf("  corrupt: %s\n", id.c_str());
   }
   if (json) print_json_line(nlohmann::json{{"targets", all}, {"clean", clean}}.dump());

@@ -1,6 +1,6 @@
 // SlotAllocator: per-class group bitmaps with sets of partly used and absent groups.
-#include "storage/ids.h"
 #include "storage/allocator.h"
+#include "storage/ids.h"
 
 #include <algorithm>
 #include <bit>
@@ -101,7 +101,8 @@ Result<std::pair<uint32_t, uint32_t>> SlotAllocator::locate(const Slot& slot) co
     return corrupt("offset {} is not a slot boundary of class {} ({} B slots)", slot.offset, slot.size_class,
                    c.slot_bytes);
   }
-  return std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(g), static_cast<uint32_t>(within / c.slot_bytes));
+  return std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(g),
+                                       static_cast<uint32_t>(within / c.slot_bytes));
 }
 
 std::optional<uint32_t> SlotAllocator::free(const Slot& slot) {
@@ -112,8 +113,8 @@ std::optional<uint32_t> SlotAllocator::free(const Slot& slot) {
   CHECK(g < st.groups.size());
   Group& group = st.groups[g];
   const uint64_t bit = uint64_t{1} << (idx % 64);
-  CHECK_MSG(group.reserved && (group.bits[idx / 64] & bit), "double free of class {} offset {}", slot.size_class,
-            slot.offset);
+  CHECK_MSG(group.reserved && (group.bits[idx / 64] & bit), "double free of class {} offset {}",
+            slot.size_class, slot.offset);
   group.bits[idx / 64] &= ~bit;
   --group.used;
   st.partial.insert(g);
@@ -150,8 +151,8 @@ Status SlotAllocator::mark_used(const Slot& slot, std::string_view owner) {
   Group& group = st.groups[g];
   const uint64_t bit = uint64_t{1} << (idx % 64);
   if (group.bits[idx / 64] & bit) {
-    return corrupt("chunk '{}': slot at offset {} of class {} is already used by another chunk", printable_id(owner), slot.offset,
-                   slot.size_class);
+    return corrupt("chunk '{}': slot at offset {} of class {} is already used by another chunk",
+                   printable_id(owner), slot.offset, slot.size_class);
   }
   group.bits[idx / 64] |= bit;
   const SlotClass& c = classes_[slot.size_class];

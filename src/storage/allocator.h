@@ -38,7 +38,8 @@ class SlotAllocator {
   // 4 KiB, 8 KiB, 12 KiB, 16 KiB, 24 KiB, 32 KiB, ..., 32 MiB, 48 MiB, 64 MiB (28 classes).
   static std::vector<uint32_t> default_slot_sizes();
   // Each class gets clamp(group_bytes_target / slot, 1, 256) slots per group.
-  static std::vector<SlotClass> make_classes(const std::vector<uint32_t>& slot_sizes, uint64_t group_bytes_target);
+  static std::vector<SlotClass> make_classes(const std::vector<uint32_t>& slot_sizes,
+                                             uint64_t group_bytes_target);
 
   explicit SlotAllocator(std::vector<SlotClass> classes);
 

@@ -19,7 +19,9 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   return *this;
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() {
+  std::free(data_);
+}
 
 Result<AlignedBuffer> AlignedBuffer::allocate(size_t size) {
   AlignedBuffer b;
@@ -31,7 +33,8 @@ Status AlignedBuffer::reserve(size_t size) {
   if (size <= size_ && data_ != nullptr) return {};
   const size_t n = align_up(size ? size : 1);
   void* p = nullptr;
-  if (posix_memalign(&p, kIoAlign, n) != 0) return resource_exhausted("cannot allocate an I/O buffer of {} bytes", n);
+  if (posix_memalign(&p, kIoAlign, n) != 0)
+    return resource_exhausted("cannot allocate an I/O buffer of {} bytes", n);
   std::memset(p, 0, n);
   std::free(data_);
   data_ = static_cast<uint8_t*>(p);

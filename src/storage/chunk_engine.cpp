@@ -11,9 +11,9 @@
 
 #include "base/check.h"
 #include "base/log.h"
-#include "storage/ids.h"
 #include "storage/chunk_engine_impl.h"
 #include "storage/crc32c.h"
+#include "storage/ids.h"
 
 namespace fathom::storage {
 
@@ -22,7 +22,8 @@ ChunkEngine::~ChunkEngine() = default;
 
 int64_t ChunkEngine::now_ms() const {
   if (params_.clock_ms) return params_.clock_ms();
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -30,11 +31,13 @@ Result<std::unique_ptr<ChunkEngine>> ChunkEngine::open(EngineParams params) {
   if (params.dir.empty()) return invalid_argument("storage target: empty directory");
   if (!(params.evict_low_water > 0 && params.evict_low_water <= params.evict_high_water &&
         params.evict_high_water <= 1.0)) {
-    return invalid_argument("storage target '{}': need 0 < low water ({}) <= high water ({}) <= 1", params.dir,
-                            params.evict_low_water, params.evict_high_water);
+    return invalid_argument("storage target '{}': need 0 < low water ({}) <= high water ({}) <= 1",
+                            params.dir, params.evict_low_water, params.evict_high_water);
   }
   std::unique_ptr<ChunkEngine> e(new ChunkEngine(std::move(params)));
-  auto ctx = [&](const Status& s) { return s.with_context(fmt::format("storage target '{}'", e->params_.dir)); };
+  auto ctx = [&](const Status& s) {
+    return s.with_context(fmt::format("storage target '{}'", e->params_.dir));
+  };
   auto meta = MetaStore::open(MetaStoreParams{.dir = e->params_.dir + "/meta", .faults = e->params_.faults});
   if (!meta.ok()) return ctx(meta.status());
   e->meta_ = std::move(*meta);
@@ -57,9 +60,13 @@ Status ChunkEngine::load_superblock() {
     const std::vector<uint32_t> sizes = SlotAllocator::default_slot_sizes();
     std::random_device rd;
     uuid_ = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
-    nlohmann::json sb = {{"magic", "fathom-storage-target"}, {"format", 1}, {"uuid", uuid_},
-                         {"target_id", params_.target_id},    {"chain_id", params_.chain_id},
-                         {"group_bytes", params_.group_bytes}, {"slot_sizes", sizes},
+    nlohmann::json sb = {{"magic", "fathom-storage-target"},
+                         {"format", 1},
+                         {"uuid", uuid_},
+                         {"target_id", params_.target_id},
+                         {"chain_id", params_.chain_id},
+                         {"group_bytes", params_.group_bytes},
+                         {"slot_sizes", sizes},
                          {"created_ms", now_ms()}};
     const MetaWrite w{kSuperblockKey, sb.dump()};
     TRY(meta_->commit(std::span(&w, 1)));
@@ -95,7 +102,8 @@ Status ChunkEngine::load_superblock() {
 
 Result<int> ChunkEngine::class_file(int cls) {
   if (class_files_[cls] >= 0) return class_files_[cls];
-  const int f = TRY(files_->open_file(fmt::format("class{:02}_{}.dat", cls, alloc_->classes()[cls].slot_bytes)));
+  const int f =
+      TRY(files_->open_file(fmt::format("class{:02}_{}.dat", cls, alloc_->classes()[cls].slot_bytes)));
   class_files_[cls] = f;
   return f;
 }
@@ -103,17 +111,19 @@ Result<int> ChunkEngine::class_file(int cls) {
 Status ChunkEngine::rebuild() {
   const int64_t now = now_ms();
   std::lock_guard lock(mu_);
-  return meta_->scan(std::string(1, kChunkPrefix), [&](std::string_view key, std::string_view value) -> Status {
-    const std::string id(key.substr(1));
-    const ChunkMeta m = TRY(decode_chunk_meta(value, id));
-    if (m.size_class >= alloc_->classes().size() || m.length > alloc_->classes()[m.size_class].slot_bytes) {
-      return corrupt("chunk '{}': {} bytes in class {}", printable_id(id), m.length, m.size_class);
-    }
-    TRY(alloc_->mark_used(Slot{m.size_class, m.offset}, id));
-    TRY(class_file(m.size_class));
-    index_put_locked(id, m, m.created_ms > 0 ? std::min(m.created_ms, now) : 0);
-    return {};
-  });
+  return meta_->scan(
+      std::string(1, kChunkPrefix), [&](std::string_view key, std::string_view value) -> Status {
+        const std::string id(key.substr(1));
+        const ChunkMeta m = TRY(decode_chunk_meta(value, id));
+        if (m.size_class >= alloc_->classes().size() ||
+            m.length > alloc_->classes()[m.size_class].slot_bytes) {
+          return corrupt("chunk '{}': {} bytes in class {}", printable_id(id), m.length, m.size_class);
+        }
+        TRY(alloc_->mark_used(Slot{m.size_class, m.offset}, id));
+        TRY(class_file(m.size_class));
+        index_put_locked(id, m, m.created_ms > 0 ? std::min(m.created_ms, now) : 0);
+        return {};
+      });
 }
 
 // Every data-file range outside a reserved group holds no committed chunk: data written there
@@ -218,8 +228,9 @@ Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
   const uint32_t g = alloc_->next_group(cls);
   const uint64_t gb = alloc_->classes()[cls].group_bytes();
   if (params_.capacity_bytes > 0 && alloc_->reserved_bytes() + gb > params_.capacity_bytes) {
-    return resource_exhausted("storage target {} ('{}') is full: {} of {} bytes reserved, a {}-byte group needed",
-                              target_id_, params_.dir, alloc_->reserved_bytes(), params_.capacity_bytes, gb);
+    return resource_exhausted(
+        "storage target {} ('{}') is full: {} of {} bytes reserved, a {}-byte group needed", target_id_,
+        params_.dir, alloc_->reserved_bytes(), params_.capacity_bytes, gb);
   }
   const int file = TRY(class_file(cls));
   if (Status s = files_->allocate(file, alloc_->group_offset(cls, g), gb); !s.ok()) {
@@ -263,7 +274,8 @@ Status validate_item(const WriteItem& item) {
     return invalid_argument("chunk id of {} bytes (expected 1..{})", item.id.size(), kMaxChunkIdBytes);
   }
   if (item.length > kMaxChunkBytes) {
-    return invalid_argument("chunk of {} bytes is larger than the {}-byte limit", item.length, kMaxChunkBytes);
+    return invalid_argument("chunk of {} bytes is larger than the {}-byte limit", item.length,
+                            kMaxChunkBytes);
   }
   if (item.data == nullptr && item.length > 0) return invalid_argument("chunk with no data");
   return {};
@@ -287,7 +299,8 @@ bool ChunkEngine::skip_existing(const WriteItem& item, WriteTag tag, int64_t now
   return true;
 }
 
-void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag, std::span<WriteResult> results) {
+void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag,
+                              std::span<WriteResult> results) {
   CHECK(results.size() == items.size());
   const size_t n = items.size();
   std::vector<CommitOp> ops(n);
@@ -303,10 +316,11 @@ void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag, st
     Status st = validate_item(it);
     const uint32_t crc = st.ok() ? crc32c(it.data, it.length) : 0;
     if (st.ok() && it.expected_crc && *it.expected_crc != crc) {
-      st = corrupt("chunk '{}': data CRC32C {:08x} differs from the sender's {:08x} (corrupted in transit)", printable_id(it.id),
-                   crc, *it.expected_crc);
+      st = corrupt("chunk '{}': data CRC32C {:08x} differs from the sender's {:08x} (corrupted in transit)",
+                   printable_id(it.id), crc, *it.expected_crc);
     }
-    if (st.ok() && (it.mode == WriteMode::kCreate || tag.client != 0) && skip_existing(it, tag, now, results[i])) {
+    if (st.ok() && (it.mode == WriteMode::kCreate || tag.client != 0) &&
+        skip_existing(it, tag, now, results[i])) {
       continue;
     }
     const int cls = alloc_->class_for(it.length);
@@ -347,7 +361,10 @@ void ChunkEngine::write_batch(std::span<const WriteItem> items, WriteTag tag, st
       src = bounce[i].data();
     }
     std::lock_guard lock(mu_);
-    io.push_back(IoOp{.file = class_files_[cls], .write = true, .offset = slots[i].offset, .buf = src,
+    io.push_back(IoOp{.file = class_files_[cls],
+                      .write = true,
+                      .offset = slots[i].offset,
+                      .buf = src,
                       .length = static_cast<uint32_t>(align_up(it.length))});
     io_item.push_back(i);
   }
@@ -390,7 +407,8 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
   for (size_t k = 0; k < live_ops.size(); ++k) {
     const CommitOp& op = live_ops[k];
     WriteResult& r = results[live_index[k]];
-    r.status = op.status.ok() ? Status() : op.status.with_context(fmt::format("write '{}'", printable_id(op.id)));
+    r.status =
+        op.status.ok() ? Status() : op.status.with_context(fmt::format("write '{}'", printable_id(op.id)));
     r.version = op.version;
     r.existed = op.existed;
     r.duplicate = op.duplicate;
@@ -401,9 +419,11 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
   }
 }
 
-Status ChunkEngine::write(std::string_view id, std::string_view data, WriteMode mode, uint8_t flags, uint32_t ttl_s) {
+Status ChunkEngine::write(std::string_view id, std::string_view data, WriteMode mode, uint8_t flags,
+                          uint32_t ttl_s) {
   if (data.size() > kMaxChunkBytes) {
-    return invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", printable_id(id), data.size(), kMaxChunkBytes);
+    return invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", printable_id(id),
+                            data.size(), kMaxChunkBytes);
   }
   const WriteItem item{.id = id,
                        .data = reinterpret_cast<const uint8_t*>(data.data()),
@@ -428,7 +448,8 @@ Status ChunkEngine::remove_batch(std::span<const std::string_view> ids, std::spa
   Status first;
   for (size_t i = 0; i < ids.size(); ++i) {
     existed[i] = ops[i].existed && ops[i].status.ok();
-    if (!ops[i].status.ok() && first.ok()) first = ops[i].status.with_context(fmt::format("remove '{}'", printable_id(ids[i])));
+    if (!ops[i].status.ok() && first.ok())
+      first = ops[i].status.with_context(fmt::format("remove '{}'", printable_id(ids[i])));
     if (existed[i]) counters_.removes.fetch_add(1, std::memory_order_relaxed);
   }
   return first;
@@ -479,8 +500,8 @@ void ChunkEngine::run_commit(std::vector<CommitGroup*>& groups) {
   }
 }
 
-void ChunkEngine::decide_locked(CommitOp& op, std::unordered_map<std::string_view, Pending>& overlay, int64_t now,
-                                std::vector<MetaWrite>& writes) {
+void ChunkEngine::decide_locked(CommitOp& op, std::unordered_map<std::string_view, Pending>& overlay,
+                                int64_t now, std::vector<MetaWrite>& writes) {
   Pending cur;
   const Entry* entry = nullptr;
   if (auto it = index_.find(op.id); it != index_.end()) entry = &it->second;
@@ -514,7 +535,8 @@ void ChunkEngine::decide_locked(CommitOp& op, std::unordered_map<std::string_vie
   if (op.reason != DeleteReason::kRemove) {
     const bool changed = op.expect_version && cur.meta.version != *op.expect_version;
     const bool leased = entry != nullptr && entry->lease_until_ms > now;
-    if (changed || leased || (entry != nullptr && pins_.count(Slot{entry->meta.size_class, entry->meta.offset}.key()))) {
+    if (changed || leased ||
+        (entry != nullptr && pins_.count(Slot{entry->meta.size_class, entry->meta.offset}.key()))) {
       op.skip = true;
       return;
     }

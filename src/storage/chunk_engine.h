@@ -50,16 +50,16 @@ inline constexpr uint32_t kWholeChunk = UINT32_MAX;
 
 struct EngineParams {
   std::string dir;
-  uint32_t target_id = 0;          // recorded at creation; a mismatch later is an error
+  uint32_t target_id = 0;  // recorded at creation; a mismatch later is an error
   uint32_t chain_id = 0;
-  uint64_t capacity_bytes = 0;     // cap on reserved data-file space; 0: the disk is the limit
+  uint64_t capacity_bytes = 0;  // cap on reserved data-file space; 0: the disk is the limit
   IoBackend io = IoBackend::kAuto;
   bool direct = true;
-  FaultInjector* faults = nullptr;  // not owned
+  FaultInjector* faults = nullptr;   // not owned
   uint64_t group_bytes = 16u << 20;  // used when the target is created; persisted
   double evict_high_water = 0.95;    // of capacity (live slot bytes), for maintain()
   double evict_low_water = 0.90;
-  uint32_t evict_sample = 16;        // candidates compared per eviction (approximate LRU)
+  uint32_t evict_sample = 16;         // candidates compared per eviction (approximate LRU)
   std::function<int64_t()> clock_ms;  // Unix ms; the system clock when empty (tests inject one)
 };
 
@@ -76,7 +76,7 @@ struct WriteItem {
   // Otherwise the engine copies it into an aligned buffer first.
   bool data_padded = false;
   WriteMode mode = WriteMode::kOverwrite;
-  uint8_t flags = 0;  // ChunkFlags
+  uint8_t flags = 0;   // ChunkFlags
   uint32_t ttl_s = 0;  // 0: no expiry
   uint32_t chain_ver = 0;
   std::optional<uint32_t> expected_crc;  // the sender's CRC32C; a mismatch rejects the item
@@ -225,8 +225,8 @@ class ChunkEngine {
   mutable std::mutex mu_;  // index_, alloc_, pins_, deferred_, evictable_, class_files_
   std::unique_ptr<SlotAllocator> alloc_;
   Index index_;
-  std::unordered_map<uint64_t, uint32_t> pins_;  // slot key -> readers
-  std::unordered_map<uint64_t, Slot> deferred_;  // freed while pinned
+  std::unordered_map<uint64_t, uint32_t> pins_;             // slot key -> readers
+  std::unordered_map<uint64_t, Slot> deferred_;             // freed while pinned
   std::vector<std::vector<const std::string*>> evictable_;  // per class, for sampling
   std::vector<int> class_files_;                            // per class, -1 until opened
   Rng rng_{0x5eed};

@@ -16,7 +16,8 @@ size_t ChunkEngine::evictable_count_locked() const {
   return n;
 }
 
-void ChunkEngine::choose_victims_locked(int prefer_cls, uint64_t bytes, int64_t now, std::vector<std::string>& out) {
+void ChunkEngine::choose_victims_locked(int prefer_cls, uint64_t bytes, int64_t now,
+                                        std::vector<std::string>& out) {
   std::unordered_set<const std::string*> chosen;
   uint64_t freed = 0;
   size_t total = evictable_count_locked();
@@ -127,8 +128,10 @@ Status ChunkEngine::maintain() {
     std::lock_guard lock(mu_);
     used = alloc_->used_bytes();
   }
-  const auto high = static_cast<uint64_t>(params_.evict_high_water * static_cast<double>(params_.capacity_bytes));
-  const auto low = static_cast<uint64_t>(params_.evict_low_water * static_cast<double>(params_.capacity_bytes));
+  const auto high =
+      static_cast<uint64_t>(params_.evict_high_water * static_cast<double>(params_.capacity_bytes));
+  const auto low =
+      static_cast<uint64_t>(params_.evict_low_water * static_cast<double>(params_.capacity_bytes));
   if (used <= high) return {};
   auto evicted = evict(-1, used - low);
   if (!evicted.ok()) return evicted.status();

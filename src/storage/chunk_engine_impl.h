@@ -24,8 +24,8 @@ inline std::string chunk_key(std::string_view id) {
 
 struct ChunkEngine::Entry {
   ChunkMeta meta;
-  int64_t access_ms = 0;       // last read or write (approximate LRU)
-  int64_t lease_until_ms = 0;  // no eviction or expiry before this
+  int64_t access_ms = 0;            // last read or write (approximate LRU)
+  int64_t lease_until_ms = 0;       // no eviction or expiry before this
   uint32_t evict_pos = UINT32_MAX;  // index in evictable_[class], or none
 };
 

@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "base/check.h"
-#include "storage/ids.h"
 #include "storage/chunk_engine_impl.h"
 #include "storage/crc32c.h"
+#include "storage/ids.h"
 
 namespace fathom::storage {
 
@@ -24,7 +24,8 @@ void ChunkEngine::pin(std::span<const ReadItem> items, std::span<ReadPin> pins) 
     }
     Entry& e = it->second;
     if (item.offset > e.meta.length) {
-      p.status = out_of_range("chunk '{}': offset {} past its {} bytes", printable_id(item.id), item.offset, e.meta.length);
+      p.status = out_of_range("chunk '{}': offset {} past its {} bytes", printable_id(item.id), item.offset,
+                              e.meta.length);
       continue;
     }
     p.meta = e.meta;
@@ -62,16 +63,17 @@ void ChunkEngine::read_pinned(std::span<ReadPin> pins, std::span<uint8_t* const>
     const uint32_t crc = crc32c(bufs[which[k]], p.meta.length);
     if (crc != p.meta.crc32c) {
       counters_.checksum_errors.fetch_add(1, std::memory_order_relaxed);
-      p.status = corrupt("chunk ({} bytes at offset {} of class {} on target {} '{}'): CRC32C {:08x}, stored {:08x}",
-                         p.meta.length, p.meta.offset, p.meta.size_class, target_id_, params_.dir, crc,
-                         p.meta.crc32c);
+      p.status = corrupt(
+          "chunk ({} bytes at offset {} of class {} on target {} '{}'): CRC32C {:08x}, stored {:08x}",
+          p.meta.length, p.meta.offset, p.meta.size_class, target_id_, params_.dir, crc, p.meta.crc32c);
       continue;
     }
     counters_.reads.fetch_add(1, std::memory_order_relaxed);
     counters_.read_bytes.fetch_add(p.length, std::memory_order_relaxed);
   }
   for (ReadPin& p : pins) {
-    if (p.status.ok() && p.pinned && p.meta.length == 0) counters_.reads.fetch_add(1, std::memory_order_relaxed);
+    if (p.status.ok() && p.pinned && p.meta.length == 0)
+      counters_.reads.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -105,7 +107,8 @@ Result<std::string> ChunkEngine::read(std::string_view id) {
   uint8_t* const ptr = buf->data();
   read_pinned(std::span(&pin_state, 1), std::span(&ptr, 1));
   unpin(std::span(&pin_state, 1));
-  if (!pin_state.status.ok()) return pin_state.status.with_context(fmt::format("read '{}'", printable_id(id)));
+  if (!pin_state.status.ok())
+    return pin_state.status.with_context(fmt::format("read '{}'", printable_id(id)));
   return std::string(reinterpret_cast<const char*>(ptr), pin_state.meta.length);
 }
 

@@ -128,7 +128,9 @@ TEST_P(EngineModel, RandomOperationsMatchAStdMapAcrossReopens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EngineModel, ::testing::Values(IoBackend::kUring, IoBackend::kPsync),
-                         [](const auto& info) { return std::string(info.param == IoBackend::kUring ? "uring" : "psync"); });
+                         [](const auto& info) {
+                           return std::string(info.param == IoBackend::kUring ? "uring" : "psync");
+                         });
 
 TEST(ChunkEngine, ListPagesInIdOrderWithinAPrefix) {
   TempDir dir;
@@ -220,7 +222,8 @@ TEST(ChunkEngine, CacheBlocksAreEvictedLeastRecentlyUsedFirstWhenFull) {
   }
   EXPECT_EQ(e->stats().evictions, 32u);
   EXPECT_EQ(e->stats().chunks, 64u);
-  for (int i = 0; i < 8; ++i) EXPECT_TRUE(e->read("kv" + std::to_string(i)).ok()) << "hot block " << i << " evicted";
+  for (int i = 0; i < 8; ++i)
+    EXPECT_TRUE(e->read("kv" + std::to_string(i)).ok()) << "hot block " << i << " evicted";
   for (int i = 64; i < 96; ++i) EXPECT_TRUE(e->read("kv" + std::to_string(i)).ok());
   // File data (not evictable) is never evicted: a full target of it refuses the write.
   EXPECT_TRUE(e->scrub()->empty());
@@ -264,7 +267,8 @@ TEST(ChunkEngine, MaintainEvictsDownToTheLowWaterMark) {
   p.evict_low_water = 0.25;
   auto e = open_engine(p);
   for (int i = 0; i < 48; ++i) {
-    ASSERT_TRUE(e->write("b" + std::to_string(i), payload(i, 64 * 1024), WriteMode::kCreate, kChunkEvictable).ok());
+    ASSERT_TRUE(
+        e->write("b" + std::to_string(i), payload(i, 64 * 1024), WriteMode::kCreate, kChunkEvictable).ok());
   }
   ASSERT_TRUE(e->maintain().ok());
   EXPECT_LE(e->stats().used_slot_bytes, 1u << 20);

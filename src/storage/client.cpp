@@ -2,16 +2,20 @@
 // (hello), placement by jump consistent hash of XXH3, request planning, and calls retried with
 // the same request id after a broken connection (the server answers a retried write from its
 // idempotency table instead of applying it twice).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <thread>
 
 #include "base/log.h"
 #include "storage/client_impl.h"
+#include "storage/io.h"
 
 namespace fathom::storage {
 namespace {
@@ -30,7 +34,8 @@ uint32_t jump_hash(uint64_t key, uint32_t buckets) {
 }
 
 bool transport_error(const Status& s) {
-  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimeout || s.code() == StatusCode::kIoError;
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimeout ||
+         s.code() == StatusCode::kIoError;
 }
 
 }  // namespace
@@ -43,7 +48,7 @@ Result<std::unique_ptr<StorageClient>> StorageClient::connect(ClientParams param
 
 ClientImpl::~ClientImpl() {
   for (auto& s : servers_) {
-    for (int fd : s->idle) ::close(fd);
+    for (Conn& c : s->idle) close_conn(c);
   }
 }
 
@@ -83,8 +88,8 @@ Status ClientImpl::init() {
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first.uuid < b.first.uuid; });
   for (size_t i = 1; i < all.size(); ++i) {
     if (all[i].first.uuid == all[i - 1].first.uuid) {
-      return invalid_argument("target {} is reached through both {} and {} (a server named twice?)", all[i].first.uuid,
-                              all[i - 1].first.server, all[i].first.server);
+      return invalid_argument("target {} is reached through both {} and {} (a server named twice?)",
+                              all[i].first.uuid, all[i - 1].first.server, all[i].first.server);
     }
   }
   for (const auto& [info, server] : all) {
@@ -94,34 +99,90 @@ Status ClientImpl::init() {
   return {};
 }
 
-Result<int> ClientImpl::take_connection(ServerConn& s) {
+Result<Conn> ClientImpl::take_connection(ServerConn& s) {
   {
     std::lock_guard lock(s.mu);
     if (!s.idle.empty()) {
-      const int fd = s.idle.back();
+      const Conn c = s.idle.back();
       s.idle.pop_back();
-      return fd;
+      return c;
     }
   }
-  const int fd = TRY(net::connect_tcp(s.where, params_.connect_timeout_ms));
-  if (Status st = net::configure(fd, params_.io_timeout_ms); !st.ok()) {
-    ::close(fd);
+  Conn c;
+  c.fd = TRY(net::connect_tcp(s.where, params_.connect_timeout_ms));
+  if (Status st = net::configure(c.fd, params_.io_timeout_ms); !st.ok()) {
+    close_conn(c);
     return st;
   }
-  return fd;
+  if (params_.shm_bytes > 0 && !s.shm_refused) attach_shm(s, c);
+  return c;
 }
 
-void ClientImpl::give_back(ServerConn& s, int fd) {
+void ClientImpl::close_conn(Conn& c) {
+  if (c.fd >= 0) ::close(c.fd);
+  if (c.shm != nullptr) ::munmap(c.shm, c.shm_bytes);
+  c = Conn{};
+}
+
+void ClientImpl::give_back(ServerConn& s, Conn c) {
   std::lock_guard lock(s.mu);
   if (static_cast<int>(s.idle.size()) < params_.idle_connections) {
-    s.idle.push_back(fd);
+    s.idle.push_back(c);
   } else {
-    ::close(fd);
+    close_conn(c);
   }
 }
 
-Result<std::string> ClientImpl::call_once(ServerConn& s, int fd, Call& c, const DataSink& sink) {
-  wire::Header h{.msg = c.msg, .client_id = client_id_, .request_id = c.request_id};
+// Creates a segment, writes a random token at its start and asks the server to map it by name;
+// the name is unlinked as soon as the server answered (both sides keep their mappings), so a
+// crash leaves nothing in /dev/shm past that moment.
+void ClientImpl::attach_shm(ServerConn& s, Conn& conn) {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const std::string name = fmt::format("{}{}-{}-{:08x}", wire::kShmPrefix, ::getpid(), counter.fetch_add(1),
+                                       static_cast<uint32_t>(rd()));
+  const size_t bytes = align_up(params_.shm_bytes);
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  void* p = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    return;
+  }
+  std::string token(16, '\0');
+  for (size_t i = 0; i < token.size(); i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(token.data() + i, &v, 4);
+  }
+  std::memcpy(p, token.data(), token.size());
+  Call c{.msg = static_cast<uint16_t>(wire::MsgId::kAttachShm),
+         .request_id = next_request(),
+         .meta = wire::encode_attach_shm_req(wire::AttachShmReq{name, bytes, token})};
+  auto meta = call_once(s, conn, c, nullptr);
+  ::shm_unlink(name.c_str());
+  Status st = meta.ok() ? wire::decode_status_resp(*meta) : meta.status();
+  if (st.ok()) {
+    conn.shm = static_cast<uint8_t*>(p);
+    conn.shm_bytes = bytes;
+    return;
+  }
+  ::munmap(p, bytes);
+  if (st.code() == StatusCode::kFailedPrecondition) s.shm_refused = true;  // another host
+  log_debug("storage client: {}: no shared memory ({})", s.name, st.to_string());
+}
+
+uint64_t ClientImpl::request_limit(const ServerConn& s) const {
+  if (params_.shm_bytes == 0 || s.shm_refused) return s.max_request_bytes;
+  return std::min<uint64_t>(s.max_request_bytes, align_up(params_.shm_bytes));
+}
+
+Result<std::string> ClientImpl::call_once(ServerConn& s, const Conn& conn, Call& c, const DataSink& sink) {
+  if (c.build) c.build(c, conn);
+  wire::Header h{.msg = c.msg, .client_id = client_id_, .request_id = c.request_id, .flags = c.flags};
   for (const iovec& v : c.data) h.data_bytes += v.iov_len;
   uint8_t header[wire::kHeaderBytes];
   wire::encode_header(h, c.meta, header);
@@ -130,21 +191,26 @@ Result<std::string> ClientImpl::call_once(ServerConn& s, int fd, Call& c, const 
   iov.push_back(iovec{header, sizeof(header)});
   iov.push_back(iovec{c.meta.data(), c.meta.size()});
   iov.insert(iov.end(), c.data.begin(), c.data.end());
-  TRY(net::send_all(fd, iov, s.name));
+  TRY(net::send_all(conn.fd, iov, s.name));
   uint8_t rh[wire::kHeaderBytes];
-  TRY(net::recv_exact(fd, rh, sizeof(rh), s.name));
+  TRY(net::recv_exact(conn.fd, rh, sizeof(rh), s.name));
   const wire::Header resp = TRY(wire::decode_header(rh));
   if (resp.msg != (c.msg | wire::kResponseBit) || resp.request_id != c.request_id) {
-    return corrupt("{}: got a {} response to request {} (sent {} request {})", s.name, wire::msg_name(resp.msg),
-                   resp.request_id, wire::msg_name(c.msg), c.request_id);
+    return corrupt("{}: got a {} response to request {} (sent {} request {})", s.name,
+                   wire::msg_name(resp.msg), resp.request_id, wire::msg_name(c.msg), c.request_id);
+  }
+  if ((resp.flags & wire::kFlagShm) && conn.shm == nullptr) {
+    return corrupt("{}: a shared-memory response on a connection without shared memory", s.name);
   }
   std::string meta(resp.meta_bytes, '\0');
-  TRY(net::recv_exact(fd, meta.data(), meta.size(), s.name));
+  TRY(net::recv_exact(conn.fd, meta.data(), meta.size(), s.name));
   TRY(wire::verify_meta(rh, meta, resp.meta_crc));
-  if (resp.data_bytes > 0 && !sink) return corrupt("{}: unexpected data in a {} response", s.name, wire::msg_name(resp.msg));
+  if (resp.data_bytes > 0 && !sink) {
+    return corrupt("{}: unexpected data in a {} response", s.name, wire::msg_name(resp.msg));
+  }
   if (sink) {
-    std::vector<iovec> dest = TRY(sink(resp, meta));
-    for (const iovec& v : dest) TRY(net::recv_exact(fd, v.iov_base, v.iov_len, s.name));
+    std::vector<iovec> dest = TRY(sink(resp, meta, conn));
+    for (const iovec& v : dest) TRY(net::recv_exact(conn.fd, v.iov_base, v.iov_len, s.name));
   }
   return meta;
 }
@@ -154,21 +220,22 @@ Result<std::string> ClientImpl::call(size_t server, Call& c, const DataSink& sin
   Status last;
   for (int attempt = 0; attempt <= params_.retries; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10 << std::min(attempt, 6)));
-    auto fd = take_connection(s);
-    if (!fd.ok()) {
-      last = fd.status();
+    auto conn = take_connection(s);
+    if (!conn.ok()) {
+      last = conn.status();
       if (!transport_error(last)) return last;
       continue;
     }
-    auto meta = call_once(s, *fd, c, sink);
+    auto meta = call_once(s, *conn, c, sink);
     if (meta.ok()) {
-      give_back(s, *fd);
+      give_back(s, *conn);
       return meta;
     }
-    ::close(*fd);
+    close_conn(*conn);
     last = meta.status();
     if (!transport_error(last)) return last;
-    log_debug("storage client: {} (attempt {}); resending request {}", last.to_string(), attempt + 1, c.request_id);
+    log_debug("storage client: {} (attempt {}); resending request {}", last.to_string(), attempt + 1,
+              c.request_id);
   }
   return last.with_context(fmt::format("{} attempts", params_.retries + 1));
 }
@@ -182,11 +249,12 @@ Plan ClientImpl::plan(const std::vector<size_t>& target_of, const std::vector<bo
   Plan out;
   for (size_t s = 0; s < by_server.size(); ++s) {
     const ServerConn& sc = *servers_[s];
+    const uint64_t limit = request_limit(sc);
     std::vector<size_t> cur;
     uint64_t bytes = 0;
     for (size_t i : by_server[s]) {
       const uint64_t b = bytes_of(i);
-      if (!cur.empty() && (bytes + b > sc.max_request_bytes || cur.size() >= sc.max_batch_items)) {
+      if (!cur.empty() && (bytes + b > limit || cur.size() >= sc.max_batch_items)) {
         out.emplace_back(s, std::move(cur));
         cur.clear();
         bytes = 0;

@@ -17,25 +17,39 @@
 
 namespace fathom::storage {
 
+// One connection: a socket and, with a same-host server, the shared segment it reads and writes
+// chunk bytes through.
+struct Conn {
+  int fd = -1;
+  uint8_t* shm = nullptr;
+  size_t shm_bytes = 0;
+};
+
 struct ServerConn {
   net::HostPort where;
   std::string name;
   std::mutex mu;
-  std::vector<int> idle;
+  std::vector<Conn> idle;
   uint64_t max_request_bytes = 64u << 20;
   uint32_t max_batch_items = 1024;
+  std::atomic<bool> shm_refused{false};  // the server cannot see our shared memory (another host)
 };
 
-// One request to one server: meta plus data ranges sent after it.
+// One request to one server: meta plus data ranges sent after it. `build`, when set, fills them
+// for the connection the request goes out on (so it can use that connection's shared segment).
 struct Call {
   uint16_t msg = 0;
   uint64_t request_id = 0;
+  uint32_t flags = 0;
   std::string meta;
   std::vector<iovec> data;
+  std::function<void(Call&, const Conn&)> build;
 };
 
-// Given the response header and meta, where the data section goes (exactly data_bytes).
-using DataSink = std::function<Result<std::vector<iovec>>(const wire::Header&, std::string_view meta)>;
+// Given the response header, meta and connection, where the data section goes (exactly
+// data_bytes; nothing when the server answered through shared memory).
+using DataSink =
+    std::function<Result<std::vector<iovec>>(const wire::Header&, std::string_view meta, const Conn& conn)>;
 
 // Requests of one batched operation: (server, item indices) each.
 using Plan = std::vector<std::pair<size_t, std::vector<size_t>>>;
@@ -52,7 +66,8 @@ class ClientImpl final : public StorageClient {
   void read(std::span<const ChunkRead> items, std::span<ChunkReadResult> results) override;
   void stat(std::span<const std::string_view> ids, std::span<ChunkStat> results, uint32_t lease_ms,
             std::span<const size_t> targets) override;
-  Status remove(std::span<const std::string_view> ids, std::span<bool> existed, std::span<const size_t> targets) override;
+  Status remove(std::span<const std::string_view> ids, std::span<bool> existed,
+                std::span<const size_t> targets) override;
   Result<std::vector<ChunkListing>> list(size_t target, std::string_view prefix, std::string_view start_after,
                                          uint32_t limit, bool* more) override;
   Result<ServerHealth> health(size_t server) override;
@@ -61,9 +76,14 @@ class ClientImpl final : public StorageClient {
 
  private:
   Result<std::string> call(size_t server, Call& c, const DataSink& sink);
-  Result<std::string> call_once(ServerConn& s, int fd, Call& c, const DataSink& sink);
-  Result<int> take_connection(ServerConn& s);
-  void give_back(ServerConn& s, int fd);
+  Result<std::string> call_once(ServerConn& s, const Conn& conn, Call& c, const DataSink& sink);
+  Result<Conn> take_connection(ServerConn& s);
+  void give_back(ServerConn& s, Conn conn);
+  void close_conn(Conn& conn);
+  // Offers the server a shared-memory segment for this connection (same host only).
+  void attach_shm(ServerConn& s, Conn& conn);
+  // Largest request worth planning for a server (its limit, or the shared segment when used).
+  uint64_t request_limit(const ServerConn& s) const;
   // Items (those with ok[i]) grouped per server and split within each server's limits.
   Plan plan(const std::vector<size_t>& target_of, const std::vector<bool>& ok,
             const std::function<uint64_t(size_t)>& bytes_of) const;

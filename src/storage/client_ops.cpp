@@ -2,12 +2,13 @@
 // requests concurrently and maps the per-item answers back. Reads land in the caller's buffers
 // and are CRC32C-checked against what the server read from disk.
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
-#include "storage/ids.h"
 #include "storage/chunk_engine.h"
 #include "storage/client_impl.h"
 #include "storage/crc32c.h"
+#include "storage/ids.h"
 
 namespace fathom::storage {
 void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteResult> results) {
@@ -19,8 +20,8 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
     auto t = target_for(items[i].id, items[i].target);
     Status s = t.status();
     if (s.ok() && items[i].data.size() > kMaxChunkBytes) {
-      s = invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit", printable_id(items[i].id), items[i].data.size(),
-                           kMaxChunkBytes);
+      s = invalid_argument("chunk '{}' of {} bytes is larger than the {}-byte limit",
+                           printable_id(items[i].id), items[i].data.size(), kMaxChunkBytes);
     }
     if (!s.ok()) {
       results[i].status = s;
@@ -45,11 +46,31 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
                                        .ttl_s = w.ttl_s,
                                        .length = static_cast<uint32_t>(w.data.size()),
                                        .crc32c = crc32c(w.data.data(), w.data.size())});
-      if (!w.data.empty()) c.data.push_back(iovec{const_cast<uint8_t*>(w.data.data()), w.data.size()});
     }
-    c.meta = wire::encode_write_req(req);
+    // Through the connection's shared segment when the batch fits there, else in the data section.
+    c.build = [&](Call& call, const Conn& conn) {
+      uint64_t total = 0;
+      for (size_t i : idx) total += align_up(items[i].data.size());
+      call.data.clear();
+      const bool shm = conn.shm != nullptr && total <= conn.shm_bytes;
+      uint64_t off = 0;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const std::span<const uint8_t> d = items[idx[k]].data;
+        if (!shm) {
+          if (!d.empty()) call.data.push_back(iovec{const_cast<uint8_t*>(d.data()), d.size()});
+          continue;
+        }
+        req[k].shm_offset = off;
+        if (!d.empty()) std::memcpy(conn.shm + off, d.data(), d.size());
+        std::memset(conn.shm + off + d.size(), 0, align_up(d.size()) - d.size());
+        off += align_up(d.size());
+      }
+      call.meta = wire::encode_write_req(req, shm);
+      call.flags = shm ? wire::kFlagShm : 0;
+    };
     auto meta = call(server, c, nullptr);
-    Result<std::vector<wire::WriteRespItem>> resp = meta.ok() ? wire::decode_write_resp(*meta) : meta.status();
+    Result<std::vector<wire::WriteRespItem>> resp =
+        meta.ok() ? wire::decode_write_resp(*meta) : meta.status();
     if (resp.ok() && resp->size() != idx.size()) {
       resp = corrupt("write response has {} items for {}", resp->size(), idx.size());
     }
@@ -96,13 +117,19 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
                                       .length = items[i].length,
                                       .lease_ms = items[i].lease_ms});
     }
-    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRead), .request_id = next_request(), .meta = wire::encode_read_req(req)};
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRead),
+           .request_id = next_request(),
+           .meta = wire::encode_read_req(req)};
+    c.build = [](Call& call, const Conn& conn) { call.flags = conn.shm != nullptr ? wire::kFlagShm : 0; };
     std::vector<wire::ReadRespItem> got;
     std::vector<std::vector<uint8_t>> scratch(idx.size());
     std::vector<uint8_t*> where(idx.size(), nullptr);
-    auto sink = [&](const wire::Header& h, std::string_view meta) -> Result<std::vector<iovec>> {
-      got = TRY(wire::decode_read_resp(meta, h.data_bytes));
-      if (got.size() != idx.size()) return corrupt("read response has {} items for {}", got.size(), idx.size());
+    auto sink = [&](const wire::Header& h, std::string_view meta,
+                    const Conn& conn) -> Result<std::vector<iovec>> {
+      const bool shm = (h.flags & wire::kFlagShm) != 0;
+      got = TRY(wire::decode_read_resp(meta, h.data_bytes, shm));
+      if (got.size() != idx.size())
+        return corrupt("read response has {} items for {}", got.size(), idx.size());
       std::vector<iovec> dest;
       for (size_t k = 0; k < idx.size(); ++k) {
         const ChunkRead& in = items[idx[k]];
@@ -113,10 +140,17 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
                               .chunk_length = got[k].chunk_length};
         if (!got[k].status.ok() || got[k].data_length == 0) continue;
         const uint32_t len = got[k].data_length;
+        if (shm && (got[k].shm_offset > conn.shm_bytes || len > conn.shm_bytes - got[k].shm_offset)) {
+          return corrupt("read response places {} bytes at {} outside the {}-byte shared segment", len,
+                         got[k].shm_offset, conn.shm_bytes);
+        }
         if (!in.dest.empty() && in.dest.size() < len) {
-          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", printable_id(in.id), len, in.dest.size());
-          scratch[k].resize(len);
-          dest.push_back(iovec{scratch[k].data(), len});
+          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", printable_id(in.id),
+                                    len, in.dest.size());
+          if (!shm) {
+            scratch[k].resize(len);
+            dest.push_back(iovec{scratch[k].data(), len});
+          }
           continue;
         }
         if (in.dest.empty()) {
@@ -125,7 +159,11 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
         } else {
           where[k] = in.dest.data();
         }
-        dest.push_back(iovec{where[k], len});
+        if (shm) {
+          std::memcpy(where[k], conn.shm + got[k].shm_offset, len);
+        } else {
+          dest.push_back(iovec{where[k], len});
+        }
       }
       return dest;
     };
@@ -139,8 +177,10 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
       if (!out.status.ok() || where[k] == nullptr || !params_.verify_checksums) continue;
       const uint32_t crc = crc32c(where[k], out.length);
       if (crc != got[k].crc32c) {
-        out.status = corrupt("chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted in "
-                             "transit)", printable_id(items[idx[k]].id), crc, got[k].crc32c);
+        out.status = corrupt(
+            "chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted in "
+            "transit)",
+            printable_id(items[idx[k]].id), crc, got[k].crc32c);
       }
     }
   });
@@ -170,10 +210,13 @@ void ClientImpl::stat(std::span<const std::string_view> ids, std::span<ChunkStat
       const TargetInfo& t = targets_[tgt[i]];
       req.push_back(wire::IdReqItem{t.chain_id, t.chain_ver, std::string(ids[i]), lease_ms});
     }
-    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kStat), .request_id = next_request(), .meta = wire::encode_id_req(req, true)};
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kStat),
+           .request_id = next_request(),
+           .meta = wire::encode_id_req(req, true)};
     auto meta = call(server, c, nullptr);
     Result<std::vector<wire::StatRespItem>> resp = meta.ok() ? wire::decode_stat_resp(*meta) : meta.status();
-    if (resp.ok() && resp->size() != idx.size()) resp = corrupt("stat response has {} items for {}", resp->size(), idx.size());
+    if (resp.ok() && resp->size() != idx.size())
+      resp = corrupt("stat response has {} items for {}", resp->size(), idx.size());
     for (size_t k = 0; k < idx.size(); ++k) {
       ChunkStat& out = results[idx[k]];
       if (!resp.ok()) {
@@ -211,10 +254,14 @@ Status ClientImpl::remove(std::span<const std::string_view> ids, std::span<bool>
       const TargetInfo& t = targets_[tgt[i]];
       req.push_back(wire::IdReqItem{t.chain_id, t.chain_ver, std::string(ids[i]), 0});
     }
-    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRemove), .request_id = next_request(), .meta = wire::encode_id_req(req, false)};
+    Call c{.msg = static_cast<uint16_t>(wire::MsgId::kRemove),
+           .request_id = next_request(),
+           .meta = wire::encode_id_req(req, false)};
     auto meta = call(server, c, nullptr);
-    Result<std::vector<wire::RemoveRespItem>> resp = meta.ok() ? wire::decode_remove_resp(*meta) : meta.status();
-    if (resp.ok() && resp->size() != idx.size()) resp = corrupt("remove response has {} items for {}", resp->size(), idx.size());
+    Result<std::vector<wire::RemoveRespItem>> resp =
+        meta.ok() ? wire::decode_remove_resp(*meta) : meta.status();
+    if (resp.ok() && resp->size() != idx.size())
+      resp = corrupt("remove response has {} items for {}", resp->size(), idx.size());
     if (!resp.ok()) {
       errors[r] = resp.status();
       return;
@@ -230,13 +277,15 @@ Status ClientImpl::remove(std::span<const std::string_view> ids, std::span<bool>
   return {};
 }
 
-Result<std::vector<ChunkListing>> ClientImpl::list(size_t target, std::string_view prefix, std::string_view start_after,
-                                                   uint32_t limit, bool* more) {
-  if (target >= targets_.size()) return out_of_range("target {} (the chain table has {})", target, targets_.size());
+Result<std::vector<ChunkListing>> ClientImpl::list(size_t target, std::string_view prefix,
+                                                   std::string_view start_after, uint32_t limit, bool* more) {
+  if (target >= targets_.size())
+    return out_of_range("target {} (the chain table has {})", target, targets_.size());
   const TargetInfo& t = targets_[target];
   Call c{.msg = static_cast<uint16_t>(wire::MsgId::kList),
          .request_id = next_request(),
-         .meta = wire::encode_list_req(wire::ListReq{t.chain_id, std::string(prefix), std::string(start_after), limit})};
+         .meta = wire::encode_list_req(
+             wire::ListReq{t.chain_id, std::string(prefix), std::string(start_after), limit})};
   const std::string meta = TRY(call(target_server_[target], c, nullptr));
   const wire::ListResp resp = TRY(wire::decode_list_resp(meta));
   if (more != nullptr) *more = resp.more;

@@ -26,11 +26,13 @@ TEST(Crc32c, FastPathMatchesReferenceOnRandomBuffers) {
   const uint64_t seed = testing::test_seed();
   Rng rng(seed);
   const std::string data = testing::payload(seed, 200000);
-  const size_t lengths[] = {0, 1, 7, 8, 9, 767, 768, 769, 3 * 256 * 2 + 5, 3 * 8192, 3 * 8192 + 1, 3 * 8192 * 4 + 100,
-                            100000, 199000};
+  const size_t lengths[] = {
+      0,      1,     7, 8, 9, 767, 768, 769, 3 * 256 * 2 + 5, 3 * 8192, 3 * 8192 + 1, 3 * 8192 * 4 + 100,
+      100000, 199000};
   for (size_t len : lengths) {
     for (size_t align = 0; align < 8; ++align) {
-      EXPECT_EQ(crc32c(data.data() + align, len), crc32c_ref(data.data() + align, len)) << len << " +" << align;
+      EXPECT_EQ(crc32c(data.data() + align, len), crc32c_ref(data.data() + align, len))
+          << len << " +" << align;
     }
   }
   for (int i = 0; i < 200; ++i) {

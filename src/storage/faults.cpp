@@ -14,13 +14,20 @@ namespace fathom::storage {
 
 std::string_view fault_op_name(FaultOp op) {
   switch (op) {
-    case FaultOp::kDataRead: return "data read";
-    case FaultOp::kDataWrite: return "data write";
-    case FaultOp::kDataSync: return "data sync";
-    case FaultOp::kDataAllocate: return "data allocate";
-    case FaultOp::kDataPunch: return "data punch";
-    case FaultOp::kMetaWrite: return "metadata write";
-    case FaultOp::kMetaSync: return "metadata sync";
+    case FaultOp::kDataRead:
+      return "data read";
+    case FaultOp::kDataWrite:
+      return "data write";
+    case FaultOp::kDataSync:
+      return "data sync";
+    case FaultOp::kDataAllocate:
+      return "data allocate";
+    case FaultOp::kDataPunch:
+      return "data punch";
+    case FaultOp::kMetaWrite:
+      return "metadata write";
+    case FaultOp::kMetaSync:
+      return "metadata sync";
   }
   return "?";
 }
@@ -93,7 +100,8 @@ Status restore(int fd, uint64_t offset, const std::string& bytes, const std::str
   const ssize_t n = pwrite(fd, buf, bytes.size(), static_cast<off_t>(offset));
   const int err = errno;
   std::free(buf);
-  if (n != static_cast<ssize_t>(bytes.size())) return errno_status(err, fmt::format("power loss: restore '{}'", path));
+  if (n != static_cast<ssize_t>(bytes.size()))
+    return errno_status(err, fmt::format("power loss: restore '{}'", path));
   return {};
 }
 
@@ -116,7 +124,8 @@ Status FaultInjector::power_loss() {
       Status s = restore(fd, it->offset, it->old_bytes, path);
       if (!s.ok() && first.ok()) first = s;
     }
-    if (::fsync(fd) != 0 && first.ok()) first = errno_status(errno, fmt::format("power loss: fsync '{}'", path));
+    if (::fsync(fd) != 0 && first.ok())
+      first = errno_status(errno, fmt::format("power loss: fsync '{}'", path));
     ::close(fd);
   }
   undo_.clear();

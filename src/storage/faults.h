@@ -38,9 +38,9 @@ std::string_view fault_op_name(FaultOp op);
 
 struct FaultRule {
   FaultOp op = FaultOp::kDataWrite;
-  int skip = 0;            // let this many matching operations through first
-  int count = 1;           // then fail this many (-1: all following)
-  int error = 5;           // errno reported (EIO by default; ENOSPC to simulate a full disk)
+  int skip = 0;               // let this many matching operations through first
+  int count = 1;              // then fail this many (-1: all following)
+  int error = 5;              // errno reported (EIO by default; ENOSPC to simulate a full disk)
   std::string path_contains;  // only operations on paths containing this ("" = any)
 };
 

@@ -32,13 +32,15 @@ EngineParams fault_params(const TempDir& dir, FaultInjector* faults) {
 // What one key may hold after the crash: its last acknowledged state, or the state of the
 // operation that was in flight (unacknowledged) when the power went.
 struct KeyHistory {
-  std::optional<uint64_t> acked;     // payload seed, nullopt: absent
+  std::optional<uint64_t> acked;  // payload seed, nullopt: absent
   bool in_flight = false;
-  std::optional<uint64_t> pending;   // the in-flight op's state
+  std::optional<uint64_t> pending;  // the in-flight op's state
   size_t length = 0;
 };
 
-size_t length_for(uint64_t seed) { return 1000 + seed % 150000; }
+size_t length_for(uint64_t seed) {
+  return 1000 + seed % 150000;
+}
 
 TEST(PowerLoss, EveryAcknowledgedWriteSurvivesAndNothingTornOrStaleAppears) {
   const uint64_t seed = testing::test_seed();
@@ -105,7 +107,8 @@ TEST(PowerLoss, EveryAcknowledgedWriteSurvivesAndNothingTornOrStaleAppears) {
         }
         const bool ok_state = state == h.acked || (h.in_flight && state == h.pending);
         EXPECT_TRUE(ok_state) << id << " round " << round << ": acked "
-                              << (h.acked ? std::to_string(*h.acked) : "absent") << ", in flight " << h.in_flight;
+                              << (h.acked ? std::to_string(*h.acked) : "absent") << ", in flight "
+                              << h.in_flight;
         acked_ops += h.acked.has_value();
       }
     }
@@ -117,8 +120,10 @@ TEST(PowerLoss, EveryAcknowledgedWriteSurvivesAndNothingTornOrStaleAppears) {
     for (int t = 0; t < kThreads; ++t) {
       for (int k = 0; k < kKeysPerThread; ++k) {
         auto m = e->stat("t" + std::to_string(t) + "k" + std::to_string(k));
-        if (m.ok()) expected_slots += SlotAllocator::make_classes(SlotAllocator::default_slot_sizes(), 1u << 20)
-                                          [m->size_class].slot_bytes;
+        if (m.ok())
+          expected_slots +=
+              SlotAllocator::make_classes(SlotAllocator::default_slot_sizes(), 1u << 20)[m->size_class]
+                  .slot_bytes;
       }
     }
     EXPECT_EQ(st.used_slot_bytes, expected_slots);
@@ -199,7 +204,8 @@ TEST(InjectedFailures, RulesSkipAndCountAndMatchPaths) {
   FaultInjector f;
   f.add_rule(FaultRule{.op = FaultOp::kDataWrite, .skip = 2, .count = 2, .path_contains = "class03"});
   int failed = 0;
-  for (int i = 0; i < 10; ++i) failed += f.check(FaultOp::kDataWrite, "/t/data/class03_16384.dat").ok() ? 0 : 1;
+  for (int i = 0; i < 10; ++i)
+    failed += f.check(FaultOp::kDataWrite, "/t/data/class03_16384.dat").ok() ? 0 : 1;
   EXPECT_EQ(failed, 2);
   EXPECT_TRUE(f.check(FaultOp::kDataWrite, "/t/data/class04_24576.dat").ok());
   EXPECT_TRUE(f.check(FaultOp::kDataSync, "/t/data/class03_16384.dat").ok());

@@ -52,7 +52,9 @@ std::string hex(std::string_view bytes) {
   return s;
 }
 
-std::string inode_chunk(std::string_view path) { return "M" + std::string(path); }
+std::string inode_chunk(std::string_view path) {
+  return "M" + std::string(path);
+}
 
 std::string data_chunk(const std::string& inode_id, uint64_t index) {
   std::string id = "F" + inode_id;
@@ -70,9 +72,9 @@ Status validate_path(std::string_view path) {
 
 std::string encode_inode(const Inode& n) {
   nlohmann::json layout = n.layout;
-  nlohmann::json j = {{"format", 1},           {"inode", hex(n.id)},     {"size", n.size},
-                      {"chunk_bytes", n.chunk_bytes}, {"chunks", n.chunks}, {"crc32c", n.crc32c},
-                      {"mtime_ms", n.mtime_ms}, {"layout", layout}};
+  nlohmann::json j = {
+      {"format", 1},        {"inode", hex(n.id)}, {"size", n.size},         {"chunk_bytes", n.chunk_bytes},
+      {"chunks", n.chunks}, {"crc32c", n.crc32c}, {"mtime_ms", n.mtime_ms}, {"layout", layout}};
   return j.dump();
 }
 
@@ -81,10 +83,12 @@ Result<Inode> decode_inode(std::string_view text, const std::string& path) {
   n.path = path;
   try {
     const auto j = nlohmann::json::parse(text);
-    if (j.at("format") != 1) return corrupt("inode of '{}': format {} (expected 1)", path, j.at("format").dump());
+    if (j.at("format") != 1)
+      return corrupt("inode of '{}': format {} (expected 1)", path, j.at("format").dump());
     const std::string id_hex = j.at("inode").get<std::string>();
     if (id_hex.size() != 32) return corrupt("inode of '{}': bad inode id", path);
-    for (size_t i = 0; i < 32; i += 2) n.id.push_back(static_cast<char>(std::stoi(id_hex.substr(i, 2), nullptr, 16)));
+    for (size_t i = 0; i < 32; i += 2)
+      n.id.push_back(static_cast<char>(std::stoi(id_hex.substr(i, 2), nullptr, 16)));
     n.size = j.at("size").get<uint64_t>();
     n.chunk_bytes = j.at("chunk_bytes").get<uint32_t>();
     n.chunks = j.at("chunks").get<uint64_t>();
@@ -96,8 +100,8 @@ Result<Inode> decode_inode(std::string_view text, const std::string& path) {
   }
   if (n.chunk_bytes < 4096 || n.chunk_bytes > (64u << 20) || n.layout.empty() ||
       n.chunks != (n.size + n.chunk_bytes - 1) / n.chunk_bytes) {
-    return corrupt("inode of '{}': inconsistent size {} / chunk size {} / {} chunks", path, n.size, n.chunk_bytes,
-                   n.chunks);
+    return corrupt("inode of '{}': inconsistent size {} / chunk size {} / {} chunks", path, n.size,
+                   n.chunk_bytes, n.chunks);
   }
   return n;
 }
@@ -113,7 +117,8 @@ Result<std::vector<size_t>> resolve_layout(const StorageClient& client, const In
   for (const std::string& uuid : n.layout) {
     auto it = std::find_if(table.begin(), table.end(), [&](const TargetInfo& t) { return t.uuid == uuid; });
     if (it == table.end()) {
-      return unavailable("'{}' has chunks on target {}, which none of the connected servers serves", n.path, uuid);
+      return unavailable("'{}' has chunks on target {}, which none of the connected servers serves", n.path,
+                         uuid);
     }
     out.push_back(static_cast<size_t>(it - table.begin()));
   }
@@ -131,7 +136,8 @@ Result<std::optional<Inode>> read_inode(StorageClient& client, const std::string
   client.read(std::span(&item, 1), std::span(&r, 1));
   if (r.status.code() == StatusCode::kNotFound) return std::optional<Inode>();
   if (!r.status.ok()) return r.status.with_context(fmt::format("inode of '{}'", path));
-  Inode n = TRY(decode_inode(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size()), path));
+  Inode n =
+      TRY(decode_inode(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size()), path));
   return std::optional<Inode>(std::move(n));
 }
 
@@ -189,7 +195,8 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   const std::optional<Inode> old = TRY(read_inode(client, remote));
   Inode n;
   n.path = remote;
-  std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::mt19937_64 rng(std::random_device{}() ^
+                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   for (int i = 0; i < 2; ++i) {
     const uint64_t v = rng();
     n.id.append(reinterpret_cast<const char*>(&v), 8);
@@ -197,7 +204,9 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   n.size = size;
   n.chunk_bytes = params.chunk_bytes;
   n.chunks = (size + n.chunk_bytes - 1) / n.chunk_bytes;
-  n.mtime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  n.mtime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
   std::vector<size_t> layout;
   for (size_t t = 0; t < client.targets().size(); ++t) {
     n.layout.push_back(client.targets()[t].uuid);
@@ -206,32 +215,34 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   const uint64_t batch = std::max(params.batch, 1);
   std::vector<uint32_t> crcs(n.chunks);
   std::vector<std::vector<uint8_t>> buffers(std::max(params.parallel, 1));
-  Status s = parallel_batches((n.chunks + batch - 1) / batch, params.parallel, [&](uint64_t b, int w) -> Status {
-    const uint64_t first = b * batch, last = std::min(n.chunks, first + batch);
-    buffers[w].resize(batch * n.chunk_bytes);
-    std::vector<std::string> ids;
-    std::vector<ChunkWrite> items;
-    for (uint64_t i = first; i < last; ++i) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(n.chunk_bytes, size - i * n.chunk_bytes));
-      uint8_t* buf = buffers[w].data() + (i - first) * n.chunk_bytes;
-      TRY(read_at(i * n.chunk_bytes, buf, len));
-      crcs[i] = crc32c(buf, len);
-      ids.push_back(data_chunk(n.id, i));
-    }
-    for (uint64_t i = first; i < last; ++i) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(n.chunk_bytes, size - i * n.chunk_bytes));
-      const std::string& id = ids[i - first];
-      items.push_back(ChunkWrite{.id = id,
-                                 .data = std::span(buffers[w].data() + (i - first) * n.chunk_bytes, len),
-                                 .target = chunk_target(layout, id)});
-    }
-    std::vector<ChunkWriteResult> results(items.size());
-    client.write(items, results);
-    for (size_t k = 0; k < results.size(); ++k) {
-      if (!results[k].status.ok()) return results[k].status.with_context(fmt::format("chunk {} of '{}'", first + k, remote));
-    }
-    return {};
-  });
+  Status s =
+      parallel_batches((n.chunks + batch - 1) / batch, params.parallel, [&](uint64_t b, int w) -> Status {
+        const uint64_t first = b * batch, last = std::min(n.chunks, first + batch);
+        buffers[w].resize(batch * n.chunk_bytes);
+        std::vector<std::string> ids;
+        std::vector<ChunkWrite> items;
+        for (uint64_t i = first; i < last; ++i) {
+          const size_t len = static_cast<size_t>(std::min<uint64_t>(n.chunk_bytes, size - i * n.chunk_bytes));
+          uint8_t* buf = buffers[w].data() + (i - first) * n.chunk_bytes;
+          TRY(read_at(i * n.chunk_bytes, buf, len));
+          crcs[i] = crc32c(buf, len);
+          ids.push_back(data_chunk(n.id, i));
+        }
+        for (uint64_t i = first; i < last; ++i) {
+          const size_t len = static_cast<size_t>(std::min<uint64_t>(n.chunk_bytes, size - i * n.chunk_bytes));
+          const std::string& id = ids[i - first];
+          items.push_back(ChunkWrite{.id = id,
+                                     .data = std::span(buffers[w].data() + (i - first) * n.chunk_bytes, len),
+                                     .target = chunk_target(layout, id)});
+        }
+        std::vector<ChunkWriteResult> results(items.size());
+        client.write(items, results);
+        for (size_t k = 0; k < results.size(); ++k) {
+          if (!results[k].status.ok())
+            return results[k].status.with_context(fmt::format("chunk {} of '{}'", first + k, remote));
+        }
+        return {};
+      });
   if (!s.ok()) {
     (void)remove_chunks(client, n);  // best effort; what remains is unreferenced garbage
     return s;
@@ -242,7 +253,8 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   }
   const std::string record = encode_inode(n);
   const std::string id = inode_chunk(remote);
-  const ChunkWrite w{.id = id, .data = std::span(reinterpret_cast<const uint8_t*>(record.data()), record.size())};
+  const ChunkWrite w{.id = id,
+                     .data = std::span(reinterpret_cast<const uint8_t*>(record.data()), record.size())};
   ChunkWriteResult r;
   client.write(std::span(&w, 1), std::span(&r, 1));
   if (!r.status.ok()) {
@@ -257,7 +269,8 @@ Status put_impl(StorageClient& client, const FileStoreParams& params, uint64_t s
   return {};
 }
 
-Status get_impl(StorageClient& client, const FileStoreParams& params, const Inode& n, const WriteAt& write_at) {
+Status get_impl(StorageClient& client, const FileStoreParams& params, const Inode& n,
+                const WriteAt& write_at) {
   const std::vector<size_t> layout = TRY(resolve_layout(client, n));
   const uint64_t batch = std::max(params.batch, 1);
   std::vector<uint32_t> crcs(n.chunks);
@@ -269,9 +282,10 @@ Status get_impl(StorageClient& client, const FileStoreParams& params, const Inod
     for (uint64_t i = first; i < last; ++i) ids.push_back(data_chunk(n.id, i));
     std::vector<ChunkRead> items;
     for (uint64_t i = first; i < last; ++i) {
-      items.push_back(ChunkRead{.id = ids[i - first],
-                                .dest = std::span(buffers[w].data() + (i - first) * n.chunk_bytes, n.chunk_bytes),
-                                .target = chunk_target(layout, ids[i - first])});
+      items.push_back(
+          ChunkRead{.id = ids[i - first],
+                    .dest = std::span(buffers[w].data() + (i - first) * n.chunk_bytes, n.chunk_bytes),
+                    .target = chunk_target(layout, ids[i - first])});
     }
     std::vector<ChunkReadResult> results(items.size());
     client.read(items, results);
@@ -282,7 +296,8 @@ Status get_impl(StorageClient& client, const FileStoreParams& params, const Inod
         return corrupt("'{}': chunk {} is missing (removed or replaced while reading?)", n.path, i);
       }
       if (!r.status.ok()) return r.status.with_context(fmt::format("chunk {} of '{}'", i, n.path));
-      if (r.length != want) return corrupt("'{}': chunk {} holds {} bytes, expected {}", n.path, i, r.length, want);
+      if (r.length != want)
+        return corrupt("'{}': chunk {} holds {} bytes, expected {}", n.path, i, r.length, want);
       const uint8_t* buf = buffers[w].data() + (i - first) * n.chunk_bytes;
       crcs[i] = crc32c(buf, want);
       TRY(write_at(i * n.chunk_bytes, buf, want));
@@ -291,9 +306,12 @@ Status get_impl(StorageClient& client, const FileStoreParams& params, const Inod
   }));
   uint32_t crc = 0;
   for (uint64_t i = 0; i < n.chunks; ++i) {
-    crc = i == 0 ? crcs[0] : crc32c_combine(crc, crcs[i], std::min<uint64_t>(n.chunk_bytes, n.size - i * n.chunk_bytes));
+    crc = i == 0
+              ? crcs[0]
+              : crc32c_combine(crc, crcs[i], std::min<uint64_t>(n.chunk_bytes, n.size - i * n.chunk_bytes));
   }
-  if (crc != n.crc32c) return corrupt("'{}': whole-file CRC32C {:08x}, the inode says {:08x}", n.path, crc, n.crc32c);
+  if (crc != n.crc32c)
+    return corrupt("'{}': whole-file CRC32C {:08x}, the inode says {:08x}", n.path, crc, n.crc32c);
   return {};
 }
 
@@ -307,26 +325,32 @@ Status FileStore::put(const std::string& local, const std::string& remote) {
     ::close(fd);
     return invalid_argument("'{}' is not a regular file", local);
   }
-  Status s = put_impl(client_, params_, static_cast<uint64_t>(st.st_size), [&](uint64_t off, uint8_t* dst, size_t n) -> Status {
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return errno_status(errno, fmt::format("read '{}'", local));
-      if (r == 0) return io_error("'{}' shrank while being uploaded", local);
-      done += static_cast<size_t>(r);
-    }
-    return {};
-  }, remote);
+  Status s = put_impl(
+      client_, params_, static_cast<uint64_t>(st.st_size),
+      [&](uint64_t off, uint8_t* dst, size_t n) -> Status {
+        size_t done = 0;
+        while (done < n) {
+          const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
+          if (r < 0 && errno == EINTR) continue;
+          if (r < 0) return errno_status(errno, fmt::format("read '{}'", local));
+          if (r == 0) return io_error("'{}' shrank while being uploaded", local);
+          done += static_cast<size_t>(r);
+        }
+        return {};
+      },
+      remote);
   ::close(fd);
   return s;
 }
 
 Status FileStore::put_bytes(std::span<const uint8_t> data, const std::string& remote) {
-  return put_impl(client_, params_, data.size(), [&](uint64_t off, uint8_t* dst, size_t n) -> Status {
-    std::memcpy(dst, data.data() + off, n);
-    return {};
-  }, remote);
+  return put_impl(
+      client_, params_, data.size(),
+      [&](uint64_t off, uint8_t* dst, size_t n) -> Status {
+        std::memcpy(dst, data.data() + off, n);
+        return {};
+      },
+      remote);
 }
 
 Status FileStore::get(const std::string& remote, const std::string& local) {
@@ -337,7 +361,8 @@ Status FileStore::get(const std::string& remote, const std::string& local) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status(errno, fmt::format("create '{}'", tmp));
   Status s;
-  if (::ftruncate(fd, static_cast<off_t>(n->size)) != 0) s = errno_status(errno, fmt::format("size '{}'", tmp));
+  if (::ftruncate(fd, static_cast<off_t>(n->size)) != 0)
+    s = errno_status(errno, fmt::format("size '{}'", tmp));
   if (s.ok()) {
     s = get_impl(client_, params_, *n, [&](uint64_t off, const uint8_t* src, size_t len) -> Status {
       size_t done = 0;
@@ -352,7 +377,8 @@ Status FileStore::get(const std::string& remote, const std::string& local) {
   }
   if (s.ok() && ::fsync(fd) != 0) s = errno_status(errno, fmt::format("fsync '{}'", tmp));
   ::close(fd);
-  if (s.ok() && ::rename(tmp.c_str(), local.c_str()) != 0) s = errno_status(errno, fmt::format("rename to '{}'", local));
+  if (s.ok() && ::rename(tmp.c_str(), local.c_str()) != 0)
+    s = errno_status(errno, fmt::format("rename to '{}'", local));
   if (!s.ok()) ::unlink(tmp.c_str());
   return s;
 }
@@ -387,7 +413,8 @@ Result<std::vector<FileInfo>> FileStore::list(std::string_view prefix) {
         TRY(results[i].status);
         const std::string path = page[i].id.substr(1);
         const Inode n = TRY(decode_inode(
-            std::string_view(reinterpret_cast<const char*>(results[i].data.data()), results[i].data.size()), path));
+            std::string_view(reinterpret_cast<const char*>(results[i].data.data()), results[i].data.size()),
+            path));
         out.push_back(to_info(n));
       }
     }

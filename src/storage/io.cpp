@@ -22,9 +22,12 @@ namespace fathom::storage {
 
 std::string_view io_backend_name(IoBackend backend) {
   switch (backend) {
-    case IoBackend::kAuto: return "auto";
-    case IoBackend::kUring: return "io_uring";
-    case IoBackend::kPsync: return "psync";
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kUring:
+      return "io_uring";
+    case IoBackend::kPsync:
+      return "psync";
   }
   return "?";
 }
@@ -60,7 +63,8 @@ Status transfer_sync(int fd, IoOp& op, uint64_t done, const std::string& path) {
   auto* p = static_cast<uint8_t*>(op.buf);
   while (done < op.length) {
     const off_t at = static_cast<off_t>(op.offset + done);
-    ssize_t n = op.write ? ::pwrite(fd, p + done, op.length - done, at) : ::pread(fd, p + done, op.length - done, at);
+    ssize_t n =
+        op.write ? ::pwrite(fd, p + done, op.length - done, at) : ::pread(fd, p + done, op.length - done, at);
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno_status(errno, fmt::format("{} '{}' at {}", op.write ? "write" : "read", path, at));
@@ -81,7 +85,8 @@ Result<std::string> read_old(int fd, uint64_t offset, uint32_t length, const std
   uint64_t done = 0;
   Status st;
   while (done < length) {
-    ssize_t n = ::pread(fd, static_cast<uint8_t*>(buf) + done, length - done, static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pread(fd, static_cast<uint8_t*>(buf) + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       st = errno_status(errno, fmt::format("fault injector: read undo image of '{}'", path));
@@ -134,7 +139,8 @@ Result<int> DataFiles::open_file(const std::string& name) {
   for (int i = 0; i < n; ++i) {
     if (files_[i].name == name) return i;
   }
-  if (n >= kMaxFiles) return resource_exhausted("data files: more than {} files in '{}'", kMaxFiles, params_.dir);
+  if (n >= kMaxFiles)
+    return resource_exhausted("data files: more than {} files in '{}'", kMaxFiles, params_.dir);
   const std::string path = params_.dir + "/" + name;
   int fd = -1;
   if (direct_) {
@@ -180,9 +186,10 @@ Status DataFiles::run(std::span<IoOp> ops) {
   }
   for (const IoOp& op : ops) {
     CHECK(op.file >= 0 && op.file < n_files_.load());
-    if (direct_) CHECK_MSG(op.offset % kIoAlign == 0 && op.length % kIoAlign == 0 &&
-                               reinterpret_cast<uintptr_t>(op.buf) % kIoAlign == 0,
-                           "unaligned O_DIRECT op at {} length {}", op.offset, op.length);
+    if (direct_)
+      CHECK_MSG(op.offset % kIoAlign == 0 && op.length % kIoAlign == 0 &&
+                    reinterpret_cast<uintptr_t>(op.buf) % kIoAlign == 0,
+                "unaligned O_DIRECT op at {} length {}", op.offset, op.length);
   }
   if (backend_ == IoBackend::kUring) {
     bool unavailable = false;
@@ -243,7 +250,8 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
       if (inflight > 0) {
         io_uring_cqe* wait_cqe = nullptr;
         const int w = io_uring_wait_cqe(ring, &wait_cqe);
-        CHECK_MSG(w == 0 || w == -EINTR, "io_uring_wait_cqe failed with {} and {} requests in flight", w, inflight);
+        CHECK_MSG(w == 0 || w == -EINTR, "io_uring_wait_cqe failed with {} and {} requests in flight", w,
+                  inflight);
       }
     }
     io_uring_cqe* cqe = nullptr;
@@ -253,7 +261,8 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
       const int res = cqe->res;
       const std::string& path = files_[op.file].path;
       if (res < 0) {
-        op.status = errno_status(-res, fmt::format("{} '{}' at {}", op.write ? "write" : "read", path, op.offset));
+        op.status =
+            errno_status(-res, fmt::format("{} '{}' at {}", op.write ? "write" : "read", path, op.offset));
       } else if (static_cast<uint32_t>(res) < op.length) {
         op.status = transfer_sync(files_[op.file].fd, op, static_cast<uint64_t>(res), path);
       }
@@ -288,7 +297,8 @@ Status DataFiles::allocate(int file, uint64_t offset, uint64_t length) {
     TRY(params_.faults->check(FaultOp::kDataAllocate, f.path));
   }
   int r = ::fallocate(f.fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length));
-  if (r != 0 && errno == EOPNOTSUPP) r = ::posix_fallocate(f.fd, static_cast<off_t>(offset), static_cast<off_t>(length));
+  if (r != 0 && errno == EOPNOTSUPP)
+    r = ::posix_fallocate(f.fd, static_cast<off_t>(offset), static_cast<off_t>(length));
   if (r != 0) {
     const int err = r > 0 ? r : errno;
     return errno_status(err, fmt::format("fallocate '{}' [{}, +{})", f.path, offset, length));
@@ -313,7 +323,8 @@ Status DataFiles::punch(int file, uint64_t offset, uint64_t length) {
 
 Result<uint64_t> DataFiles::size(int file) const {
   struct stat st {};
-  if (::fstat(files_[file].fd, &st) != 0) return errno_status(errno, fmt::format("stat '{}'", files_[file].path));
+  if (::fstat(files_[file].fd, &st) != 0)
+    return errno_status(errno, fmt::format("stat '{}'", files_[file].path));
   return static_cast<uint64_t>(st.st_size);
 }
 

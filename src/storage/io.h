@@ -28,7 +28,9 @@ std::string_view io_backend_name(IoBackend backend);
 Result<IoBackend> parse_io_backend(std::string_view name);
 
 inline constexpr uint32_t kIoAlign = 4096;
-inline constexpr uint64_t align_up(uint64_t n, uint64_t a = kIoAlign) { return (n + a - 1) / a * a; }
+inline constexpr uint64_t align_up(uint64_t n, uint64_t a = kIoAlign) {
+  return (n + a - 1) / a * a;
+}
 
 struct IoOp {
   int file = 0;
@@ -40,11 +42,11 @@ struct IoOp {
 };
 
 struct DataFilesParams {
-  std::string dir;                     // created if missing
+  std::string dir;  // created if missing
   IoBackend backend = IoBackend::kAuto;
-  bool direct = true;                  // O_DIRECT where the filesystem allows it
-  FaultInjector* faults = nullptr;     // not owned; may be null
-  unsigned queue_depth = 64;           // io_uring submissions in flight per batch
+  bool direct = true;               // O_DIRECT where the filesystem allows it
+  FaultInjector* faults = nullptr;  // not owned; may be null
+  unsigned queue_depth = 64;        // io_uring submissions in flight per batch
 };
 
 class DataFiles {

@@ -42,8 +42,8 @@ Status KvCache::put(const KvKey& key, std::span<const uint8_t> value, uint32_t t
   return batch_put(std::span(&key, 1), std::span(&value, 1), ttl_s)[0];
 }
 
-std::vector<Status> KvCache::batch_put(std::span<const KvKey> keys, std::span<const std::span<const uint8_t>> values,
-                                       uint32_t ttl_s) {
+std::vector<Status> KvCache::batch_put(std::span<const KvKey> keys,
+                                       std::span<const std::span<const uint8_t>> values, uint32_t ttl_s) {
   std::vector<Status> out(keys.size());
   if (keys.size() != values.size()) {
     out.assign(keys.size(), invalid_argument("batch_put: {} keys but {} values", keys.size(), values.size()));
@@ -53,7 +53,8 @@ std::vector<Status> KvCache::batch_put(std::span<const KvKey> keys, std::span<co
   std::vector<ChunkWrite> items(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     ids[i] = chunk_id(keys[i]);
-    items[i] = ChunkWrite{.id = ids[i], .data = values[i], .mode = ChunkMode::kCreate, .evictable = true, .ttl_s = ttl_s};
+    items[i] = ChunkWrite{
+        .id = ids[i], .data = values[i], .mode = ChunkMode::kCreate, .evictable = true, .ttl_s = ttl_s};
   }
   std::vector<ChunkWriteResult> results(keys.size());
   client_.write(items, results);
@@ -71,11 +72,12 @@ Result<std::optional<std::vector<uint8_t>>> KvCache::get(const KvKey& key, uint3
   return std::optional<std::vector<uint8_t>>(std::move(r.data));
 }
 
-std::vector<KvGetResult> KvCache::batch_get(std::span<const KvKey> keys, std::span<const std::span<uint8_t>> dests,
-                                            uint32_t lease_ms) {
+std::vector<KvGetResult> KvCache::batch_get(std::span<const KvKey> keys,
+                                            std::span<const std::span<uint8_t>> dests, uint32_t lease_ms) {
   std::vector<KvGetResult> out(keys.size());
   if (keys.size() != dests.size()) {
-    for (auto& r : out) r.status = invalid_argument("batch_get: {} keys but {} buffers", keys.size(), dests.size());
+    for (auto& r : out)
+      r.status = invalid_argument("batch_get: {} keys but {} buffers", keys.size(), dests.size());
     return out;
   }
   std::vector<std::string> ids(keys.size());

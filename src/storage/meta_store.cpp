@@ -58,7 +58,8 @@ using rocksdb::Slice;
 // A RocksDB file whose appends and syncs are reported to (and may be failed by) the injector.
 class FaultWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
  public:
-  FaultWritableFile(std::unique_ptr<rocksdb::FSWritableFile> t, std::string path, FaultInjector* f, uint64_t size)
+  FaultWritableFile(std::unique_ptr<rocksdb::FSWritableFile> t, std::string path, FaultInjector* f,
+                    uint64_t size)
       : FSWritableFileOwnerWrapper(std::move(t)), path_(std::move(path)), faults_(f), size_(size) {}
 
   IOStatus Append(const Slice& data, const IOOptions& o, IODebugContext* d) override {
@@ -72,7 +73,8 @@ class FaultWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
                   IODebugContext* d) override {
     return Append(data, o, d);
   }
-  IOStatus PositionedAppend(const Slice& data, uint64_t offset, const IOOptions& o, IODebugContext* d) override {
+  IOStatus PositionedAppend(const Slice& data, uint64_t offset, const IOOptions& o,
+                            IODebugContext* d) override {
     auto gate = faults_->hold();
     if (auto s = faults_->check(FaultOp::kMetaWrite, path_); !s.ok()) return to_io(s);
     IOStatus s = target()->PositionedAppend(data, offset, o, d);
@@ -123,7 +125,8 @@ class FaultDirectory : public rocksdb::FSDirectory {
     if (auto s = faults_->check(FaultOp::kMetaSync, path_); !s.ok()) return to_io(s);
     return target_->Fsync(o, d);
   }
-  IOStatus FsyncWithDirOptions(const IOOptions& o, IODebugContext* d, const rocksdb::DirFsyncOptions& x) override {
+  IOStatus FsyncWithDirOptions(const IOOptions& o, IODebugContext* d,
+                               const rocksdb::DirFsyncOptions& x) override {
     auto gate = faults_->hold();
     if (auto s = faults_->check(FaultOp::kMetaSync, path_); !s.ok()) return to_io(s);
     return target_->FsyncWithDirOptions(o, d, x);
@@ -139,7 +142,8 @@ class FaultDirectory : public rocksdb::FSDirectory {
 
 class FaultFileSystem : public rocksdb::FileSystemWrapper {
  public:
-  FaultFileSystem(std::shared_ptr<rocksdb::FileSystem> base, FaultInjector* f) : FileSystemWrapper(base), faults_(f) {}
+  FaultFileSystem(std::shared_ptr<rocksdb::FileSystem> base, FaultInjector* f)
+      : FileSystemWrapper(base), faults_(f) {}
   static const char* kClassName() { return "FathomFaultFileSystem"; }
   const char* Name() const override { return kClassName(); }
 
@@ -183,7 +187,8 @@ class FaultFileSystem : public rocksdb::FileSystemWrapper {
     *r = std::make_unique<FaultDirectory>(std::move(dir), name, faults_);
     return s;
   }
-  IOStatus RenameFile(const std::string& s, const std::string& t, const IOOptions& o, IODebugContext* d) override {
+  IOStatus RenameFile(const std::string& s, const std::string& t, const IOOptions& o,
+                      IODebugContext* d) override {
     if (faults_->dead()) return dead_status(s);
     return target()->RenameFile(s, t, o, d);
   }
@@ -191,7 +196,8 @@ class FaultFileSystem : public rocksdb::FileSystemWrapper {
     if (faults_->dead()) return dead_status(f);
     return target()->DeleteFile(f, o, d);
   }
-  IOStatus LinkFile(const std::string& s, const std::string& t, const IOOptions& o, IODebugContext* d) override {
+  IOStatus LinkFile(const std::string& s, const std::string& t, const IOOptions& o,
+                    IODebugContext* d) override {
     if (faults_->dead()) return dead_status(s);
     return target()->LinkFile(s, t, o, d);
   }
@@ -293,7 +299,8 @@ Status MetaStore::open_db() {
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   if (env_) options.env = env_.get();
   rocksdb::DB* db = nullptr;
-  TRY(from_rocks(rocksdb::DB::Open(options, params_.dir, &db), fmt::format("open chunk metadata '{}'", params_.dir)));
+  TRY(from_rocks(rocksdb::DB::Open(options, params_.dir, &db),
+                 fmt::format("open chunk metadata '{}'", params_.dir)));
   db_ = db;
   return {};
 }

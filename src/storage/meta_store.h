@@ -26,22 +26,22 @@ namespace fathom::storage {
 class FaultInjector;
 
 enum class ChunkState : uint8_t { kCommitted = 1 };  // kDirty (CRAQ, part 2) will be 2
-enum ChunkFlags : uint8_t { kChunkEvictable = 1 };    // a cache block: TTL/LRU may remove it
+enum ChunkFlags : uint8_t { kChunkEvictable = 1 };   // a cache block: TTL/LRU may remove it
 
 // Chunk record, format 1 (docs/storage.md "Chunk metadata"): 68 bytes, little-endian, ending in
 // a CRC32C of the preceding bytes.
 struct ChunkMeta {
   ChunkState state = ChunkState::kCommitted;
-  uint8_t size_class = 0;   // index into the target's slot classes
-  uint8_t flags = 0;        // ChunkFlags
-  uint32_t crc32c = 0;      // of the chunk's `length` bytes
-  uint64_t offset = 0;      // byte offset of the slot in the class's data file
-  uint32_t length = 0;      // chunk bytes (the slot is larger, zero padded)
-  uint32_t chain_ver = 0;   // chain table version the write was accepted under
-  uint64_t version = 0;     // 1 for the first write of an id, +1 per overwrite
-  int64_t created_ms = 0;   // wall clock of the write (Unix ms)
-  int64_t expire_ms = 0;    // wall clock after which the chunk is gone (0: never)
-  uint64_t writer_client = 0;   // (client id, request id) of the write, for idempotent retries
+  uint8_t size_class = 0;      // index into the target's slot classes
+  uint8_t flags = 0;           // ChunkFlags
+  uint32_t crc32c = 0;         // of the chunk's `length` bytes
+  uint64_t offset = 0;         // byte offset of the slot in the class's data file
+  uint32_t length = 0;         // chunk bytes (the slot is larger, zero padded)
+  uint32_t chain_ver = 0;      // chain table version the write was accepted under
+  uint64_t version = 0;        // 1 for the first write of an id, +1 per overwrite
+  int64_t created_ms = 0;      // wall clock of the write (Unix ms)
+  int64_t expire_ms = 0;       // wall clock after which the chunk is gone (0: never)
+  uint64_t writer_client = 0;  // (client id, request id) of the write, for idempotent retries
   uint64_t writer_request = 0;
 };
 
@@ -82,7 +82,7 @@ class MetaStore {
 
  private:
   MetaStore() = default;
-  Status open_db();  // (re)opens db_ under mu_ held exclusively
+  Status open_db();      // (re)opens db_ under mu_ held exclusively
   Status ensure_open();  // reopens after a failed reopen
 
   MetaStoreParams params_;

@@ -25,7 +25,8 @@ Result<HostPort> parse_host_port(std::string_view s) {
   }
   HostPort hp;
   hp.host = std::string(s.substr(0, colon));
-  if (hp.host.size() > 2 && hp.host.front() == '[' && hp.host.back() == ']') hp.host = hp.host.substr(1, hp.host.size() - 2);
+  if (hp.host.size() > 2 && hp.host.front() == '[' && hp.host.back() == ']')
+    hp.host = hp.host.substr(1, hp.host.size() - 2);
   auto port = parse_uint(s.substr(colon + 1), fmt::format("port of '{}'", s));
   if (!port.ok()) return port.status();
   if (*port > 65535) return invalid_argument("address '{}': port {} out of range", s, *port);

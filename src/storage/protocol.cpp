@@ -34,7 +34,8 @@ class Writer {
 
 class Reader {
  public:
-  Reader(std::string_view s, std::string_view what) : p_(s.data()), begin_(s.data()), end_(s.data() + s.size()), what_(what) {}
+  Reader(std::string_view s, std::string_view what)
+      : p_(s.data()), begin_(s.data()), end_(s.data() + s.size()), what_(what) {}
   template <typename T>
   T num() {
     T v{};
@@ -113,29 +114,40 @@ Status response_status(Reader& r) {
 
 std::string_view msg_name(uint16_t id) {
   switch (static_cast<MsgId>(id & ~kResponseBit)) {
-    case MsgId::kHello: return "hello";
-    case MsgId::kHealth: return "health";
-    case MsgId::kWrite: return "write";
-    case MsgId::kRead: return "read";
-    case MsgId::kRemove: return "remove";
-    case MsgId::kStat: return "stat";
-    case MsgId::kList: return "list";
+    case MsgId::kHello:
+      return "hello";
+    case MsgId::kHealth:
+      return "health";
+    case MsgId::kWrite:
+      return "write";
+    case MsgId::kRead:
+      return "read";
+    case MsgId::kRemove:
+      return "remove";
+    case MsgId::kStat:
+      return "stat";
+    case MsgId::kList:
+      return "list";
+    case MsgId::kAttachShm:
+      return "attach-shm";
   }
   return "unknown";
 }
 
 // The StatusCode numbering is part of the protocol: pin it.
-static_assert(static_cast<int>(StatusCode::kOk) == 0 && static_cast<int>(StatusCode::kInvalidArgument) == 1 &&
-              static_cast<int>(StatusCode::kNotFound) == 2 && static_cast<int>(StatusCode::kAlreadyExists) == 3 &&
-              static_cast<int>(StatusCode::kOutOfRange) == 4 && static_cast<int>(StatusCode::kCorrupt) == 5 &&
-              static_cast<int>(StatusCode::kIoError) == 6 && static_cast<int>(StatusCode::kUnimplemented) == 7 &&
-              static_cast<int>(StatusCode::kResourceExhausted) == 8 && static_cast<int>(StatusCode::kTimeout) == 9 &&
-              static_cast<int>(StatusCode::kUnavailable) == 10 &&
-              static_cast<int>(StatusCode::kPermissionDenied) == 11 &&
-              static_cast<int>(StatusCode::kCancelled) == 12 &&
-              static_cast<int>(StatusCode::kFailedPrecondition) == 13 && static_cast<int>(StatusCode::kInternal) == 14);
+static_assert(
+    static_cast<int>(StatusCode::kOk) == 0 && static_cast<int>(StatusCode::kInvalidArgument) == 1 &&
+    static_cast<int>(StatusCode::kNotFound) == 2 && static_cast<int>(StatusCode::kAlreadyExists) == 3 &&
+    static_cast<int>(StatusCode::kOutOfRange) == 4 && static_cast<int>(StatusCode::kCorrupt) == 5 &&
+    static_cast<int>(StatusCode::kIoError) == 6 && static_cast<int>(StatusCode::kUnimplemented) == 7 &&
+    static_cast<int>(StatusCode::kResourceExhausted) == 8 && static_cast<int>(StatusCode::kTimeout) == 9 &&
+    static_cast<int>(StatusCode::kUnavailable) == 10 &&
+    static_cast<int>(StatusCode::kPermissionDenied) == 11 && static_cast<int>(StatusCode::kCancelled) == 12 &&
+    static_cast<int>(StatusCode::kFailedPrecondition) == 13 && static_cast<int>(StatusCode::kInternal) == 14);
 
-uint8_t wire_code(StatusCode code) { return static_cast<uint8_t>(code); }
+uint8_t wire_code(StatusCode code) {
+  return static_cast<uint8_t>(code);
+}
 
 Result<StatusCode> from_wire_code(uint8_t code) {
   if (code > static_cast<uint8_t>(StatusCode::kInternal)) return corrupt("unknown status code {}", code);
@@ -177,14 +189,17 @@ Result<Header> decode_header(const uint8_t in[kHeaderBytes]) {
   if (h.version != kVersion) {
     return unimplemented("protocol version {} (this build speaks version {})", h.version, kVersion);
   }
-  if (h.meta_bytes > kMaxMetaBytes) return out_of_range("meta section of {} bytes (limit {})", h.meta_bytes, kMaxMetaBytes);
-  if (h.data_bytes > kMaxDataBytes) return out_of_range("data section of {} bytes (limit {})", h.data_bytes, kMaxDataBytes);
+  if (h.meta_bytes > kMaxMetaBytes)
+    return out_of_range("meta section of {} bytes (limit {})", h.meta_bytes, kMaxMetaBytes);
+  if (h.data_bytes > kMaxDataBytes)
+    return out_of_range("data section of {} bytes (limit {})", h.data_bytes, kMaxDataBytes);
   return h;
 }
 
 Status verify_meta(const uint8_t header[kHeaderBytes], std::string_view meta, uint32_t expected_crc) {
   const uint32_t crc = crc32c(meta.data(), meta.size(), crc32c(header, 40));
-  if (crc != expected_crc) return corrupt("frame checksum mismatch ({:08x}, header says {:08x})", crc, expected_crc);
+  if (crc != expected_crc)
+    return corrupt("frame checksum mismatch ({:08x}, header says {:08x})", crc, expected_crc);
   return {};
 }
 
@@ -204,7 +219,7 @@ Result<HelloReq> decode_hello_req(std::string_view meta) {
   return h;
 }
 
-std::string encode_write_req(const std::vector<WriteReqItem>& items) {
+std::string encode_write_req(const std::vector<WriteReqItem>& items, bool shm) {
   std::string out;
   Writer w(out);
   w.num<uint32_t>(static_cast<uint32_t>(items.size()));
@@ -217,11 +232,12 @@ std::string encode_write_req(const std::vector<WriteReqItem>& items) {
     w.num<uint32_t>(it.ttl_s);
     w.num<uint32_t>(it.length);
     w.num<uint32_t>(it.crc32c);
+    if (shm) w.num<uint64_t>(it.shm_offset);
   }
   return out;
 }
 
-Result<std::vector<WriteReqItem>> decode_write_req(std::string_view meta, uint64_t data_bytes) {
+Result<std::vector<WriteReqItem>> decode_write_req(std::string_view meta, uint64_t data_bytes, bool shm) {
   Reader r(meta, "write");
   const uint32_t n = r.count(kMaxBatchItems);
   std::vector<WriteReqItem> items(n);
@@ -235,11 +251,13 @@ Result<std::vector<WriteReqItem>> decode_write_req(std::string_view meta, uint64
     it.ttl_s = r.num<uint32_t>();
     it.length = r.num<uint32_t>();
     it.crc32c = r.num<uint32_t>();
+    if (shm) it.shm_offset = r.num<uint64_t>();
     if (it.mode > 1) r.fail(fmt::format("write mode {}", it.mode));
     total += it.length;
   }
   TRY(r.finish());
-  if (total != data_bytes) {
+  if (shm && data_bytes != 0) return corrupt("write message: shared-memory items with a data section");
+  if (!shm && total != data_bytes) {
     return corrupt("write message: items hold {} bytes but the data section has {}", total, data_bytes);
   }
   return items;
@@ -384,8 +402,9 @@ std::string encode_health_resp(const ServerHealth& h) {
   std::string out = ok_prefix();
   Writer w(out);
   w.num<uint8_t>(h.ready ? 1 : 0);
-  for (uint64_t v : {h.server_id, h.uptime_ms, h.cpu_user_us, h.cpu_system_us, uint64_t{h.connections}, h.requests,
-                     h.replayed_requests, uint64_t{h.inflight_max_seen}, h.inflight_waits}) {
+  for (uint64_t v :
+       {h.server_id, h.uptime_ms, h.cpu_user_us, h.cpu_system_us, uint64_t{h.connections}, h.requests,
+        h.replayed_requests, uint64_t{h.inflight_max_seen}, h.inflight_waits, h.shm_requests}) {
     w.num<uint64_t>(v);
   }
   w.num<uint32_t>(static_cast<uint32_t>(h.targets.size()));
@@ -393,9 +412,9 @@ std::string encode_health_resp(const ServerHealth& h) {
     write_target(w, t.info);
     w.str(t.io_backend, 64);
     w.num<uint8_t>(t.direct_io ? 1 : 0);
-    for (uint64_t v : {t.chunks, t.live_bytes, t.used_slot_bytes, t.reserved_bytes, t.reads, t.read_bytes, t.writes,
-                       t.write_bytes, t.removes, t.checksum_errors, t.evictions, t.expirations, t.commits,
-                       t.quarantined_slots, t.orphan_bytes_reclaimed}) {
+    for (uint64_t v : {t.chunks, t.live_bytes, t.used_slot_bytes, t.reserved_bytes, t.reads, t.read_bytes,
+                       t.writes, t.write_bytes, t.removes, t.checksum_errors, t.evictions, t.expirations,
+                       t.commits, t.quarantined_slots, t.orphan_bytes_reclaimed}) {
       w.num<uint64_t>(v);
     }
   }
@@ -416,15 +435,17 @@ Result<ServerHealth> decode_health_resp(std::string_view meta) {
   h.replayed_requests = r.num<uint64_t>();
   h.inflight_max_seen = static_cast<uint32_t>(r.num<uint64_t>());
   h.inflight_waits = r.num<uint64_t>();
+  h.shm_requests = r.num<uint64_t>();
   const uint32_t n = r.count(kMaxBatchItems);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     TargetHealth t;
     t.info = read_target(r);
     t.io_backend = r.str(64);
     t.direct_io = r.num<uint8_t>() != 0;
-    for (uint64_t* v : {&t.chunks, &t.live_bytes, &t.used_slot_bytes, &t.reserved_bytes, &t.reads, &t.read_bytes,
-                        &t.writes, &t.write_bytes, &t.removes, &t.checksum_errors, &t.evictions, &t.expirations,
-                        &t.commits, &t.quarantined_slots, &t.orphan_bytes_reclaimed}) {
+    for (uint64_t* v :
+         {&t.chunks, &t.live_bytes, &t.used_slot_bytes, &t.reserved_bytes, &t.reads, &t.read_bytes, &t.writes,
+          &t.write_bytes, &t.removes, &t.checksum_errors, &t.evictions, &t.expirations, &t.commits,
+          &t.quarantined_slots, &t.orphan_bytes_reclaimed}) {
       *v = r.num<uint64_t>();
     }
     h.targets.push_back(std::move(t));
@@ -461,7 +482,36 @@ Result<std::vector<WriteRespItem>> decode_write_resp(std::string_view meta) {
   return items;
 }
 
-std::string encode_read_resp(const std::vector<ReadRespItem>& items) {
+std::string encode_status_resp() {
+  return ok_prefix();
+}
+
+Status decode_status_resp(std::string_view meta) {
+  Reader r(meta, "response");
+  TRY(response_status(r));
+  return r.finish();
+}
+
+std::string encode_attach_shm_req(const AttachShmReq& q) {
+  std::string out;
+  Writer w(out);
+  w.str(q.name, 255);
+  w.num<uint64_t>(q.bytes);
+  w.str(q.token, 64);
+  return out;
+}
+
+Result<AttachShmReq> decode_attach_shm_req(std::string_view meta) {
+  Reader r(meta, "attach-shm");
+  AttachShmReq q;
+  q.name = r.str(255);
+  q.bytes = r.num<uint64_t>();
+  q.token = r.str(64);
+  TRY(r.finish());
+  return q;
+}
+
+std::string encode_read_resp(const std::vector<ReadRespItem>& items, bool shm) {
   std::string out = ok_prefix();
   Writer w(out);
   w.num<uint32_t>(static_cast<uint32_t>(items.size()));
@@ -471,11 +521,12 @@ std::string encode_read_resp(const std::vector<ReadRespItem>& items) {
     w.num<uint32_t>(it.chunk_length);
     w.num<uint32_t>(it.crc32c);
     w.num<uint32_t>(it.status.ok() ? it.data_length : 0);
+    if (shm) w.num<uint64_t>(it.shm_offset);
   }
   return out;
 }
 
-Result<std::vector<ReadRespItem>> decode_read_resp(std::string_view meta, uint64_t data_bytes) {
+Result<std::vector<ReadRespItem>> decode_read_resp(std::string_view meta, uint64_t data_bytes, bool shm) {
   Reader r(meta, "read response");
   TRY(response_status(r));
   const uint32_t n = r.count(kMaxBatchItems);
@@ -487,11 +538,13 @@ Result<std::vector<ReadRespItem>> decode_read_resp(std::string_view meta, uint64
     it.chunk_length = r.num<uint32_t>();
     it.crc32c = r.num<uint32_t>();
     it.data_length = r.num<uint32_t>();
+    if (shm) it.shm_offset = r.num<uint64_t>();
     if (it.data_length > it.chunk_length) r.fail("item returns more bytes than its chunk holds");
     total += it.data_length;
   }
   TRY(r.finish());
-  if (total != data_bytes) {
+  if (shm && data_bytes != 0) return corrupt("read response: shared-memory items with a data section");
+  if (!shm && total != data_bytes) {
     return corrupt("read response: items hold {} bytes but the data section has {}", total, data_bytes);
   }
   return items;

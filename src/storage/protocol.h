@@ -38,7 +38,13 @@ enum class MsgId : uint16_t {
   kRemove = 5,
   kStat = 6,
   kList = 7,
+  kAttachShm = 8,
 };
+// Header flag: the request's (write) or response's (read) chunk bytes are in the connection's
+// shared-memory segment at the offsets carried per item, not in the data section.
+inline constexpr uint32_t kFlagShm = 1;
+inline constexpr uint64_t kMaxShmBytes = 1ull << 30;
+inline constexpr char kShmPrefix[] = "/fathom-shm-";
 std::string_view msg_name(uint16_t id);
 
 struct Header {
@@ -71,6 +77,7 @@ struct WriteReqItem {
   std::string id;
   uint8_t mode = 0, flags = 0;  // ChunkMode; bit 0: evictable
   uint32_t ttl_s = 0, length = 0, crc32c = 0;
+  uint64_t shm_offset = 0;  // with kFlagShm: where the bytes are (4096-aligned, zero padded)
 };
 struct ReadReqItem {
   uint32_t chain_id = 0, chain_ver = 0;
@@ -82,6 +89,12 @@ struct IdReqItem {  // remove and stat
   std::string id;
   uint32_t lease_ms = 0;  // stat only
 };
+// Same-host clients hand the server a POSIX shared-memory segment for a connection's data.
+struct AttachShmReq {
+  std::string name;  // shm_open name, starting with kShmPrefix
+  uint64_t bytes = 0;
+  std::string token;  // 16 bytes the segment starts with: proof that both ends see the same one
+};
 struct ListReq {
   uint32_t chain_id = 0;
   std::string prefix, start_after;
@@ -89,13 +102,17 @@ struct ListReq {
 };
 
 std::string encode_hello_req(const HelloReq& r);
-std::string encode_write_req(const std::vector<WriteReqItem>& items);
+std::string encode_write_req(const std::vector<WriteReqItem>& items, bool shm = false);
+std::string encode_attach_shm_req(const AttachShmReq& r);
+Result<AttachShmReq> decode_attach_shm_req(std::string_view meta);
 std::string encode_read_req(const std::vector<ReadReqItem>& items);
 std::string encode_id_req(const std::vector<IdReqItem>& items, bool with_lease);
 std::string encode_list_req(const ListReq& r);
 Result<HelloReq> decode_hello_req(std::string_view meta);
-// data_bytes: the frame's data section, which must equal the sum of the item lengths.
-Result<std::vector<WriteReqItem>> decode_write_req(std::string_view meta, uint64_t data_bytes);
+// data_bytes: the frame's data section, which must equal the sum of the item lengths (or be 0
+// with shm, where each item carries its shm_offset).
+Result<std::vector<WriteReqItem>> decode_write_req(std::string_view meta, uint64_t data_bytes,
+                                                   bool shm = false);
 Result<std::vector<ReadReqItem>> decode_read_req(std::string_view meta);
 Result<std::vector<IdReqItem>> decode_id_req(std::string_view meta, bool with_lease);
 Result<ListReq> decode_list_req(std::string_view meta);
@@ -110,6 +127,7 @@ struct ReadRespItem {
   Status status;
   uint64_t version = 0;
   uint32_t chunk_length = 0, crc32c = 0, data_length = 0;  // crc32c of the returned bytes
+  uint64_t shm_offset = 0;                                 // with kFlagShm: where the returned bytes are
 };
 struct RemoveRespItem {
   Status status;
@@ -144,7 +162,8 @@ std::string encode_error_resp(const Status& status);
 std::string encode_hello_resp(const HelloResp& r);
 std::string encode_health_resp(const ServerHealth& h);
 std::string encode_write_resp(const std::vector<WriteRespItem>& items);
-std::string encode_read_resp(const std::vector<ReadRespItem>& items);
+std::string encode_read_resp(const std::vector<ReadRespItem>& items, bool shm = false);
+std::string encode_status_resp();  // just "ok"
 std::string encode_remove_resp(const std::vector<RemoveRespItem>& items);
 std::string encode_stat_resp(const std::vector<StatRespItem>& items);
 std::string encode_list_resp(const ListResp& r);
@@ -153,8 +172,10 @@ std::string encode_list_resp(const ListResp& r);
 Result<HelloResp> decode_hello_resp(std::string_view meta);
 Result<ServerHealth> decode_health_resp(std::string_view meta);
 Result<std::vector<WriteRespItem>> decode_write_resp(std::string_view meta);
-// data_bytes must equal the sum of data_length.
-Result<std::vector<ReadRespItem>> decode_read_resp(std::string_view meta, uint64_t data_bytes);
+// data_bytes must equal the sum of data_length (0 with shm).
+Result<std::vector<ReadRespItem>> decode_read_resp(std::string_view meta, uint64_t data_bytes,
+                                                   bool shm = false);
+Status decode_status_resp(std::string_view meta);
 Result<std::vector<RemoveRespItem>> decode_remove_resp(std::string_view meta);
 Result<std::vector<StatRespItem>> decode_stat_resp(std::string_view meta);
 Result<ListResp> decode_list_resp(std::string_view meta);

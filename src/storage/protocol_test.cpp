@@ -12,7 +12,14 @@ namespace fathom::storage::wire {
 namespace {
 
 std::vector<WriteReqItem> sample_writes() {
-  return {WriteReqItem{.chain_id = 1, .chain_ver = 1, .id = "a", .mode = 1, .flags = 1, .ttl_s = 5, .length = 3, .crc32c = 9},
+  return {WriteReqItem{.chain_id = 1,
+                       .chain_ver = 1,
+                       .id = "a",
+                       .mode = 1,
+                       .flags = 1,
+                       .ttl_s = 5,
+                       .length = 3,
+                       .crc32c = 9},
           WriteReqItem{.chain_id = 2, .id = std::string(1024, 'z'), .length = 0}};
 }
 
@@ -53,7 +60,8 @@ TEST(WireProtocol, RequestsRoundTrip) {
   EXPECT_EQ((*w)[1].id.size(), 1024u);
   EXPECT_EQ(decode_write_req(encode_write_req(sample_writes()), 4).status().code(), StatusCode::kCorrupt);
 
-  std::vector<ReadReqItem> reads = {ReadReqItem{.chain_id = 3, .id = "r", .offset = 10, .length = 20, .lease_ms = 30}};
+  std::vector<ReadReqItem> reads = {
+      ReadReqItem{.chain_id = 3, .id = "r", .offset = 10, .length = 20, .lease_ms = 30}};
   auto r = decode_read_req(encode_read_req(reads));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)[0].offset, 10u);
@@ -71,7 +79,8 @@ TEST(WireProtocol, RequestsRoundTrip) {
 }
 
 TEST(WireProtocol, ResponsesRoundTripWithPerItemStatus) {
-  std::vector<WriteRespItem> w = {{Status(), 3, true, false}, {resource_exhausted("target 0 is full"), 0, false, false}};
+  std::vector<WriteRespItem> w = {{Status(), 3, true, false},
+                                  {resource_exhausted("target 0 is full"), 0, false, false}};
   auto wb = decode_write_resp(encode_write_resp(w));
   ASSERT_TRUE(wb.ok());
   EXPECT_TRUE((*wb)[0].existed);
@@ -91,13 +100,17 @@ TEST(WireProtocol, ResponsesRoundTripWithPerItemStatus) {
   EXPECT_TRUE(lb->more);
   EXPECT_EQ(lb->items[0].expire_ms, 8);
 
-  HelloResp hello{.server_id = 11, .max_batch_items = 12, .max_request_bytes = 13,
-                  .targets = {TargetInfo{.target_id = 1, .chain_id = 2, .chain_ver = 1, .capacity_bytes = 5, .path = "/t"}}};
+  HelloResp hello{.server_id = 11,
+                  .max_batch_items = 12,
+                  .max_request_bytes = 13,
+                  .targets = {TargetInfo{
+                      .target_id = 1, .chain_id = 2, .chain_ver = 1, .capacity_bytes = 5, .path = "/t"}}};
   auto hb = decode_hello_resp(encode_hello_resp(hello));
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->targets[0].path, "/t");
 
-  ServerHealth health{.ready = true, .requests = 9, .targets = {TargetHealth{.io_backend = "io_uring", .chunks = 4}}};
+  ServerHealth health{
+      .ready = true, .requests = 9, .targets = {TargetHealth{.io_backend = "io_uring", .chunks = 4}}};
   auto h = decode_health_resp(encode_health_resp(health));
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->targets[0].chunks, 4u);
@@ -122,11 +135,21 @@ TEST(WireProtocol, EveryTruncationAndTrailingByteIsAnError) {
       const std::string cut = full.substr(0, n);
       bool failed = false;
       switch (m) {
-        case 0: failed = !decode_write_req(cut, 3).ok(); break;
-        case 1: failed = !decode_read_req(cut).ok(); break;
-        case 2: failed = !decode_write_resp(cut).ok(); break;
-        case 3: failed = !decode_health_resp(cut).ok(); break;
-        case 4: failed = !decode_list_resp(cut).ok(); break;
+        case 0:
+          failed = !decode_write_req(cut, 3).ok();
+          break;
+        case 1:
+          failed = !decode_read_req(cut).ok();
+          break;
+        case 2:
+          failed = !decode_write_resp(cut).ok();
+          break;
+        case 3:
+          failed = !decode_health_resp(cut).ok();
+          break;
+        case 4:
+          failed = !decode_list_resp(cut).ok();
+          break;
       }
       EXPECT_TRUE(failed) << "message " << m << " truncated to " << n << " bytes decoded";
     }

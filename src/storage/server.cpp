@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -179,8 +180,8 @@ Status ServerImpl::open_targets() {
 Status ServerImpl::start_listening() {
   const net::HostPort where = TRY(net::parse_host_port(params_.listen));
   listen_fd_ = TRY(net::listen_tcp(where, 128, &port_));
-  address_ = fmt::format("{}:{}", where.host.find(':') != std::string::npos ? "[" + where.host + "]" : where.host,
-                         port_);
+  address_ = fmt::format(
+      "{}:{}", where.host.find(':') != std::string::npos ? "[" + where.host + "]" : where.host, port_);
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (stop_fd_ < 0) return errno_status(errno, "eventfd");
   return {};
@@ -265,7 +266,8 @@ void ServerImpl::maintenance_loop() {
     if (stopping_) break;
     lock.unlock();
     for (auto& e : engines_) {
-      if (Status s = e->maintain(); !s.ok()) log_warn("storage target {}: maintenance: {}", e->target_id(), s.to_string());
+      if (Status s = e->maintain(); !s.ok())
+        log_warn("storage target {}: maintenance: {}", e->target_id(), s.to_string());
     }
     lock.lock();
   }
@@ -302,6 +304,7 @@ void ServerImpl::serve(Connection* c) {
   }
   ::shutdown(c->fd, SHUT_RDWR);
   ::close(c->fd);
+  if (c->shm != nullptr) ::munmap(c->shm, c->shm_bytes);
   c->done = true;
 }
 
@@ -314,13 +317,19 @@ Status ServerImpl::handle_frame(Connection* c, const uint8_t* header_bytes, cons
   const auto msg = static_cast<wire::MsgId>(h.msg);
   if (h.data_bytes > params_.max_request_bytes) {
     resp.meta = wire::encode_error_resp(resource_exhausted(
-        "request carries {} data bytes; this server takes at most {} per request (split the batch)", h.data_bytes,
-        params_.max_request_bytes));
+        "request carries {} data bytes; this server takes at most {} per request (split the batch)",
+        h.data_bytes, params_.max_request_bytes));
     TRY(send_response(c, h, resp));
     return out_of_range("oversized request");  // its data cannot be consumed: drop the connection
   }
   if (h.data_bytes > 0 && msg != wire::MsgId::kWrite) {
     return corrupt("{} request with a data section", wire::msg_name(h.msg));
+  }
+  if ((h.flags & ~wire::kFlagShm) != 0 ||
+      ((h.flags & wire::kFlagShm) &&
+       (c->shm == nullptr || (msg != wire::MsgId::kWrite && msg != wire::MsgId::kRead)))) {
+    return corrupt("{} request with flags {:x} (shared memory needs attach-shm first)", wire::msg_name(h.msg),
+                   h.flags);
   }
   acquire_client(h.client_id);
   Status s;
@@ -334,14 +343,30 @@ Status ServerImpl::handle_frame(Connection* c, const uint8_t* header_bytes, cons
       resp.meta = req.ok() ? wire::encode_hello_resp(r) : wire::encode_error_resp(req.status());
       break;
     }
-    case wire::MsgId::kHealth: resp.meta = wire::encode_health_resp(health()); break;
-    case wire::MsgId::kWrite: s = handle_write(c, h, resp); break;
-    case wire::MsgId::kRead: s = handle_read(c, h, resp); break;
-    case wire::MsgId::kRemove: s = handle_remove(c, h, resp); break;
-    case wire::MsgId::kStat: s = handle_stat(c, h, resp); break;
-    case wire::MsgId::kList: s = handle_list(c, h, resp); break;
+    case wire::MsgId::kHealth:
+      resp.meta = wire::encode_health_resp(health());
+      break;
+    case wire::MsgId::kWrite:
+      s = handle_write(c, h, resp);
+      break;
+    case wire::MsgId::kRead:
+      s = handle_read(c, h, resp);
+      break;
+    case wire::MsgId::kRemove:
+      s = handle_remove(c, h, resp);
+      break;
+    case wire::MsgId::kStat:
+      s = handle_stat(c, h, resp);
+      break;
+    case wire::MsgId::kList:
+      s = handle_list(c, h, resp);
+      break;
+    case wire::MsgId::kAttachShm:
+      s = handle_attach_shm(c, resp);
+      break;
     default:
-      resp.meta = wire::encode_error_resp(unimplemented("message id {} (protocol version {})", h.msg, wire::kVersion));
+      resp.meta = wire::encode_error_resp(
+          unimplemented("message id {} (protocol version {})", h.msg, wire::kVersion));
   }
   if (s.ok()) s = send_response(c, h, resp);
   release_client(h.client_id);
@@ -353,6 +378,7 @@ Status ServerImpl::send_response(Connection* c, const wire::Header& req, Respons
   wire::Header h{.msg = static_cast<uint16_t>(req.msg | wire::kResponseBit),
                  .client_id = req.client_id,
                  .request_id = req.request_id,
+                 .flags = resp.flags,
                  .data_bytes = 0};
   for (const iovec& v : resp.data) h.data_bytes += v.iov_len;
   uint8_t header[wire::kHeaderBytes];
@@ -388,8 +414,9 @@ Result<ChunkEngine*> ServerImpl::route(uint32_t chain_id, uint32_t chain_ver) {
   auto it = by_chain_.find(chain_id);
   if (it == by_chain_.end()) return not_found("chain {} is not served by {}", chain_id, address_);
   if (chain_ver != 0 && chain_ver != 1) {
-    return failed_precondition("chain {} is at version 1, the request was routed with version {} (refresh the chain table)",
-                               chain_id, chain_ver);
+    return failed_precondition(
+        "chain {} is at version 1, the request was routed with version {} (refresh the chain table)",
+        chain_id, chain_ver);
   }
   return engines_[it->second].get();
 }
@@ -404,7 +431,8 @@ std::vector<TargetInfo> ServerImpl::target_infos() const {
                              .capacity_bytes = e->stats().capacity_bytes,
                              .path = e->dir()});
   }
-  std::sort(out.begin(), out.end(), [](const TargetInfo& a, const TargetInfo& b) { return a.chain_id < b.chain_id; });
+  std::sort(out.begin(), out.end(),
+            [](const TargetInfo& a, const TargetInfo& b) { return a.chain_id < b.chain_id; });
   return out;
 }
 
@@ -425,6 +453,7 @@ ServerHealth ServerImpl::health() const {
   h.replayed_requests = replayed_.load();
   h.inflight_max_seen = inflight_max_seen_.load();
   h.inflight_waits = inflight_waits_.load();
+  h.shm_requests = shm_requests_.load();
   for (const TargetInfo& info : target_infos()) {
     const ChunkEngine& e = *engines_[by_chain_.at(info.chain_id)];
     const EngineStats st = e.stats();

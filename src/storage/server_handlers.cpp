@@ -1,6 +1,9 @@
 // StorageServer request handlers: write (idempotent, data received straight into aligned
 // buffers), read (pinned, CRC-verified, sent from the read buffers without a copy), remove,
 // stat, list. Items name their chain; each target gets its items as one engine batch.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <cstring>
@@ -16,9 +19,9 @@ namespace {
 
 // Items of one request grouped by the engine that serves them, in request order.
 template <typename Item>
-std::map<ChunkEngine*, std::vector<size_t>> group_by_engine(const std::vector<Item>& items,
-                                                             std::vector<Status>& status,
-                                                             const std::function<Result<ChunkEngine*>(const Item&)>& route) {
+std::map<ChunkEngine*, std::vector<size_t>> group_by_engine(
+    const std::vector<Item>& items, std::vector<Status>& status,
+    const std::function<Result<ChunkEngine*>(const Item&)>& route) {
   std::map<ChunkEngine*, std::vector<size_t>> groups;
   for (size_t i = 0; i < items.size(); ++i) {
     auto e = route(items[i]);
@@ -34,7 +37,17 @@ std::map<ChunkEngine*, std::vector<size_t>> group_by_engine(const std::vector<It
 }  // namespace
 
 Status ServerImpl::handle_write(Connection* c, const wire::Header& h, Response& resp) {
-  auto items = wire::decode_write_req(c->meta, h.data_bytes);
+  const bool shm = (h.flags & wire::kFlagShm) != 0;
+  auto items = wire::decode_write_req(c->meta, h.data_bytes, shm);
+  for (size_t i = 0; shm && items.ok() && i < items->size(); ++i) {
+    const auto& it = (*items)[i];
+    if (it.shm_offset % kIoAlign != 0 || it.shm_offset > c->shm_bytes ||
+        align_up(it.length) > c->shm_bytes - it.shm_offset) {
+      items =
+          invalid_argument("item {} at shared-memory offset {} (+{} bytes) is outside the {}-byte segment", i,
+                           it.shm_offset, it.length, c->shm_bytes);
+    }
+  }
   if (!items.ok()) {
     TRY(net::discard(c->fd, h.data_bytes, c->peer));
     resp.meta = wire::encode_error_resp(items.status());
@@ -46,21 +59,25 @@ Status ServerImpl::handle_write(Connection* c, const wire::Header& h, Response& 
     resp.meta = std::move(*cached);
     return {};
   }
-  // Each item's data lands 4096-aligned and zero padded, ready for O_DIRECT.
-  std::vector<uint64_t> at(items->size());
+  // Each item's data lands 4096-aligned and zero padded, ready for O_DIRECT (in shared memory the
+  // client put it so).
+  std::vector<uint8_t*> at(items->size());
   uint64_t total = 0;
-  for (size_t i = 0; i < items->size(); ++i) {
-    at[i] = total;
-    total += align_up((*items)[i].length);
-  }
+  for (size_t i = 0; !shm && i < items->size(); ++i) total += align_up((*items)[i].length);
   memory_.acquire(total);
   Status s = c->buffer.reserve(total);
-  for (size_t i = 0; s.ok() && i < items->size(); ++i) {
-    uint8_t* p = c->buffer.data() + at[i];
+  for (size_t i = 0, off = 0; s.ok() && i < items->size(); ++i) {
     const uint32_t len = (*items)[i].length;
-    s = net::recv_exact(c->fd, p, len, c->peer);
-    std::memset(p + len, 0, align_up(len) - len);
+    if (shm) {
+      at[i] = c->shm + (*items)[i].shm_offset;
+      continue;
+    }
+    at[i] = c->buffer.data() + off;
+    off += align_up(len);
+    s = net::recv_exact(c->fd, at[i], len, c->peer);
+    if (s.ok()) std::memset(at[i] + len, 0, align_up(len) - len);
   }
+  if (shm) shm_requests_.fetch_add(1, std::memory_order_relaxed);
   if (!s.ok()) {  // the client went away mid-request: nothing was reserved on disk
     memory_.release(total);
     replay_.abandon(h.client_id, h.request_id);
@@ -75,7 +92,7 @@ Status ServerImpl::handle_write(Connection* c, const wire::Header& h, Response& 
     for (size_t i : idx) {
       const auto& it = (*items)[i];
       batch.push_back(WriteItem{.id = it.id,
-                                .data = c->buffer.data() + at[i],
+                                .data = at[i],
                                 .length = it.length,
                                 .data_padded = true,
                                 .mode = static_cast<WriteMode>(it.mode),
@@ -87,7 +104,8 @@ Status ServerImpl::handle_write(Connection* c, const wire::Header& h, Response& 
     std::vector<WriteResult> results(batch.size());
     engine->write_batch(batch, WriteTag{h.client_id, h.request_id}, results);
     for (size_t k = 0; k < idx.size(); ++k) {
-      out[idx[k]] = wire::WriteRespItem{results[k].status, results[k].version, results[k].existed, results[k].duplicate};
+      out[idx[k]] = wire::WriteRespItem{results[k].status, results[k].version, results[k].existed,
+                                        results[k].duplicate};
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {
@@ -99,7 +117,7 @@ Status ServerImpl::handle_write(Connection* c, const wire::Header& h, Response& 
   return {};
 }
 
-Status ServerImpl::handle_read(Connection* c, const wire::Header& /*h*/, Response& resp) {
+Status ServerImpl::handle_read(Connection* c, const wire::Header& h, Response& resp) {
   auto items = wire::decode_read_req(c->meta);
   if (!items.ok()) {
     resp.meta = wire::encode_error_resp(items.status());
@@ -116,7 +134,8 @@ Status ServerImpl::handle_read(Connection* c, const wire::Header& /*h*/, Respons
     std::vector<ReadItem> batch;
     for (size_t i : idx) {
       const auto& it = (*items)[i];
-      batch.push_back(ReadItem{.id = it.id, .offset = it.offset, .length = it.length, .lease_ms = it.lease_ms});
+      batch.push_back(
+          ReadItem{.id = it.id, .offset = it.offset, .length = it.length, .lease_ms = it.lease_ms});
     }
     std::vector<ReadPin> p(batch.size());
     engine->pin(batch, p);
@@ -125,30 +144,40 @@ Status ServerImpl::handle_read(Connection* c, const wire::Header& /*h*/, Respons
       engine_of[idx[k]] = engine;
     }
   }
-  // Buffer space per pinned chunk, in request order, up to the response limit.
+  // Space per pinned chunk, in request order: the client's shared segment when it asked for it and
+  // everything fits there, else the connection buffer up to the response limit.
+  uint64_t all = 0;
+  for (size_t i = 0; i < n; ++i) all += pins[i].status.ok() ? align_up(pins[i].meta.length) : 0;
+  const bool shm = (h.flags & wire::kFlagShm) != 0 && all <= c->shm_bytes;
+  const uint64_t limit = shm ? c->shm_bytes : params_.max_request_bytes;
   std::vector<uint64_t> at(n, 0);
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!pins[i].status.ok()) continue;
     const uint64_t need = align_up(pins[i].meta.length);
-    if (total + need > params_.max_request_bytes) {
-      pins[i].status = resource_exhausted("read batch exceeds the {}-byte response limit (split the batch)",
-                                          params_.max_request_bytes);
+    if (total + need > limit) {
+      pins[i].status =
+          resource_exhausted("read batch exceeds the {}-byte response limit (split the batch)", limit);
       continue;
     }
     at[i] = total;
     total += need;
   }
-  memory_.acquire(total);
-  resp.budget_bytes = total;
-  Status s = c->buffer.reserve(total);
+  Status s;
+  uint8_t* base = c->shm;
+  if (!shm) {
+    memory_.acquire(total);
+    resp.budget_bytes = total;
+    s = c->buffer.reserve(total);
+    base = c->buffer.data();
+  }
   for (auto& [engine, idx] : groups) {
     std::vector<ReadPin> p;
     std::vector<uint8_t*> bufs;
     for (size_t i : idx) {
       if (!s.ok() && pins[i].status.ok()) pins[i].status = s;
       p.push_back(pins[i]);
-      bufs.push_back(c->buffer.data() + at[i]);
+      bufs.push_back(base + at[i]);
     }
     engine->read_pinned(p, bufs);
     engine->unpin(p);
@@ -165,11 +194,14 @@ Status ServerImpl::handle_read(Connection* c, const wire::Header& /*h*/, Respons
     r.version = p.meta.version;
     r.chunk_length = p.meta.length;
     r.data_length = p.length;
-    const uint8_t* data = c->buffer.data() + at[i] + p.offset;
+    const uint8_t* data = base + at[i] + p.offset;
     r.crc32c = (p.offset == 0 && p.length == p.meta.length) ? p.meta.crc32c : crc32c(data, p.length);
-    if (p.length > 0) resp.data.push_back(iovec{const_cast<uint8_t*>(data), p.length});
+    r.shm_offset = at[i] + p.offset;
+    if (p.length > 0 && !shm) resp.data.push_back(iovec{const_cast<uint8_t*>(data), p.length});
   }
-  resp.meta = wire::encode_read_resp(out);
+  resp.meta = wire::encode_read_resp(out, shm);
+  if (shm) shm_requests_.fetch_add(1, std::memory_order_relaxed);
+  resp.flags = shm ? wire::kFlagShm : 0;
   return {};
 }
 
@@ -262,6 +294,58 @@ Status ServerImpl::handle_list(Connection* c, const wire::Header& /*h*/, Respons
                                            .expire_ms = ci.meta.expire_ms});
   }
   resp.meta = wire::encode_list_resp(out);
+  return {};
+}
+
+}  // namespace fathom::storage
+
+namespace fathom::storage {
+
+// A same-host client offers a POSIX shared-memory segment for this connection's chunk bytes:
+// reads land there straight from the disk (O_DIRECT into the shared pages) and writes go to disk
+// straight from it, so no byte crosses the socket. The segment must start with the token the
+// client sent, which a different host's /dev/shm cannot.
+Status ServerImpl::handle_attach_shm(Connection* c, Response& resp) {
+  auto req = wire::decode_attach_shm_req(c->meta);
+  Status s = req.status();
+  if (s.ok() && (req->name.rfind(wire::kShmPrefix, 0) != 0 || req->name.find('/', 1) != std::string::npos)) {
+    s = invalid_argument("shared memory name '{}' (expected {}...)", req->name, wire::kShmPrefix);
+  }
+  if (s.ok() && (req->bytes == 0 || req->bytes % kIoAlign != 0 || req->bytes > wire::kMaxShmBytes ||
+                 req->token.size() != 16)) {
+    s = invalid_argument("shared memory segment of {} bytes / token of {} bytes", req->bytes,
+                         req->token.size());
+  }
+  uint8_t* map = nullptr;
+  if (s.ok()) {
+    const int fd = ::shm_open(req->name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    struct stat st {};
+    if (fd < 0) {
+      s = failed_precondition("shared memory '{}' is not visible here ({}): not the same host", req->name,
+                              std::strerror(errno));
+    } else if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < req->bytes) {
+      s = failed_precondition("shared memory '{}' is smaller than {} bytes", req->name, req->bytes);
+    } else {
+      void* p = ::mmap(nullptr, req->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        s = errno_status(errno, fmt::format("mmap shared memory '{}'", req->name));
+      } else {
+        map = static_cast<uint8_t*>(p);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  if (map != nullptr && std::memcmp(map, req->token.data(), 16) != 0) {
+    ::munmap(map, req->bytes);
+    map = nullptr;
+    s = failed_precondition("shared memory '{}' holds another token: not the same host", req->name);
+  }
+  if (map != nullptr) {
+    if (c->shm != nullptr) ::munmap(c->shm, c->shm_bytes);
+    c->shm = map;
+    c->shm_bytes = req->bytes;
+  }
+  resp.meta = s.ok() ? wire::encode_status_resp() : wire::encode_error_resp(s);
   return {};
 }
 

@@ -75,6 +75,8 @@ struct Connection {
   std::atomic<bool> done{false};
   AlignedBuffer buffer;  // request data / read results, reused across requests
   std::string meta;
+  uint8_t* shm = nullptr;  // a same-host client's shared segment (attach-shm), or null
+  size_t shm_bytes = 0;
 };
 
 // A response ready to send: meta plus data ranges pointing into the connection's buffer.
@@ -82,6 +84,7 @@ struct Response {
   std::string meta;
   std::vector<iovec> data;
   uint64_t budget_bytes = 0;  // memory budget held by `data`, released once sent
+  uint32_t flags = 0;         // wire::kFlagShm when the bytes were placed in shared memory
 };
 
 class ServerImpl final : public StorageServer {
@@ -115,6 +118,7 @@ class ServerImpl final : public StorageServer {
   Status handle_remove(Connection* c, const wire::Header& h, Response& resp);
   Status handle_stat(Connection* c, const wire::Header& h, Response& resp);
   Status handle_list(Connection* c, const wire::Header& h, Response& resp);
+  Status handle_attach_shm(Connection* c, Response& resp);
   std::vector<TargetInfo> target_infos() const;
 
   ServerParams params_;
@@ -143,7 +147,7 @@ class ServerImpl final : public StorageServer {
   ByteBudget memory_;
   ReplayCache replay_;
 
-  std::atomic<uint64_t> requests_{0}, replayed_{0}, inflight_waits_{0};
+  std::atomic<uint64_t> requests_{0}, replayed_{0}, inflight_waits_{0}, shm_requests_{0};
   std::atomic<uint32_t> inflight_max_seen_{0};
 };
 

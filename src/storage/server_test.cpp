@@ -1,7 +1,9 @@
 // StorageServer + StorageClient in one process over real TCP: batched chunk operations over
 // several targets, the KV-cache and file APIs, idempotent retries, the per-client in-flight
 // bound, disconnects mid-request, malformed frames, and graceful shutdown.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,10 +32,14 @@ struct Cluster {
   std::unique_ptr<StorageServer> server;
   std::unique_ptr<StorageClient> client;
 
-  explicit Cluster(int targets = 2, uint64_t capacity = 0, int max_inflight = 16) { start(targets, capacity, max_inflight); }
-  void start(int targets, uint64_t capacity, int max_inflight) {
+  explicit Cluster(int targets = 2, uint64_t capacity = 0, int max_inflight = 16,
+                   uint64_t shm_bytes = 64u << 20) {
+    start(targets, capacity, max_inflight, shm_bytes);
+  }
+  void start(int targets, uint64_t capacity, int max_inflight, uint64_t shm_bytes) {
     ServerParams p;
-    for (int t = 0; t < targets; ++t) p.targets.push_back(TargetParams{dir.sub("t" + std::to_string(t)), capacity});
+    for (int t = 0; t < targets; ++t)
+      p.targets.push_back(TargetParams{dir.sub("t" + std::to_string(t)), capacity});
     p.listen = "127.0.0.1:0";
     p.group_bytes = 1u << 20;
     p.max_inflight_per_client = max_inflight;
@@ -41,11 +47,17 @@ struct Cluster {
     auto s = StorageServer::start(p);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     server = std::move(*s);
-    auto c = StorageClient::connect(ClientParams{.servers = {server->address()}});
+    auto c = StorageClient::connect(ClientParams{.servers = {server->address()}, .shm_bytes = shm_bytes});
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     client = std::move(*c);
   }
 };
+
+// Chunk bytes over TCP (0), through a shared segment smaller than some batches (1 MiB: those go
+// over TCP), and through a large segment.
+class Transports : public ::testing::TestWithParam<uint64_t> {};
+INSTANTIATE_TEST_SUITE_P(Shm, Transports, ::testing::Values(0, 1u << 20, 64u << 20),
+                         [](const auto& info) { return "shm" + std::to_string(info.param >> 20) + "MiB"; });
 
 // Waits (without a time limit in the assertion sense) until cond holds or 30 s pass.
 template <typename F>
@@ -57,10 +69,10 @@ bool eventually(F cond) {
   return cond();
 }
 
-TEST(StorageService, BatchesOfChunksRoundTripOverSeveralTargets) {
+TEST_P(Transports, BatchesOfChunksRoundTripOverSeveralTargets) {
   const uint64_t seed = testing::test_seed();
   Rng rng(seed);
-  Cluster c(3);
+  Cluster c(3, 0, 16, GetParam());
   ASSERT_EQ(c.client->targets().size(), 3u);
   std::vector<std::string> ids, data;
   for (int i = 0; i < 60; ++i) {
@@ -103,6 +115,11 @@ TEST(StorageService, BatchesOfChunksRoundTripOverSeveralTargets) {
   auto health = c.client->health(0);
   ASSERT_TRUE(health.ok());
   EXPECT_TRUE(health->ready);
+  if (GetParam() == 0) {
+    EXPECT_EQ(health->shm_requests, 0u);
+  } else {
+    EXPECT_GT(health->shm_requests, 0u);
+  }
   uint64_t chunks = 0;
   for (auto& t : health->targets) chunks += t.chunks;
   EXPECT_EQ(chunks, ids.size());
@@ -112,8 +129,8 @@ TEST(StorageService, BatchesOfChunksRoundTripOverSeveralTargets) {
   for (size_t i = 0; i < views.size(); ++i) EXPECT_TRUE(existed[i]);
 }
 
-TEST(KvCacheApi, PutGetBatchExistsPrefixRemove) {
-  Cluster c(2);
+TEST_P(Transports, KvPutGetBatchExistsPrefixRemove) {
+  Cluster c(2, 0, 16, GetParam());
   KvCache kv(*c.client);
   std::vector<KvKey> keys(10);
   for (size_t i = 0; i < keys.size(); ++i) keys[i].fill(static_cast<uint8_t>(i + 1));
@@ -231,9 +248,12 @@ struct RawConn {
   ~RawConn() {
     if (fd >= 0) ::close(fd);
   }
-  Status send(wire::MsgId msg, uint64_t client, uint64_t request, const std::string& meta, const std::string& data,
-              size_t data_sent = SIZE_MAX) {
-    wire::Header h{.msg = static_cast<uint16_t>(msg), .client_id = client, .request_id = request,
+  Status send(wire::MsgId msg, uint64_t client, uint64_t request, const std::string& meta,
+              const std::string& data, size_t data_sent = SIZE_MAX, uint32_t flags = 0) {
+    wire::Header h{.msg = static_cast<uint16_t>(msg),
+                   .client_id = client,
+                   .request_id = request,
+                   .flags = flags,
                    .data_bytes = data.size()};
     uint8_t header[wire::kHeaderBytes];
     wire::encode_header(h, meta, header);
@@ -254,7 +274,9 @@ struct RawConn {
 };
 
 std::string write_meta(uint32_t chain, const std::string& id, const std::string& data) {
-  return wire::encode_write_req({wire::WriteReqItem{.chain_id = chain, .id = id, .length = static_cast<uint32_t>(data.size()),
+  return wire::encode_write_req({wire::WriteReqItem{.chain_id = chain,
+                                                    .id = id,
+                                                    .length = static_cast<uint32_t>(data.size()),
                                                     .crc32c = crc32c(data.data(), data.size())}});
 }
 
@@ -289,8 +311,9 @@ TEST(StorageService, AClientThatDisconnectsMidPutLeavesNoReservation) {
   for (int i = 0; i < 5; ++i) {
     const std::string data = payload(i, 2u << 20);
     RawConn conn(c.server->address());
-    ASSERT_TRUE(conn.send(wire::MsgId::kWrite, 77, 1 + i, write_meta(0, "big" + std::to_string(i), data), data,
-                          data.size() / 2).ok());
+    ASSERT_TRUE(conn.send(wire::MsgId::kWrite, 77, 1 + i, write_meta(0, "big" + std::to_string(i), data),
+                          data, data.size() / 2)
+                    .ok());
   }  // closed mid-data
   ASSERT_TRUE(eventually([&] { return c.client->health(0)->connections == 1; }));
   auto after = *c.client->health(0);
@@ -334,6 +357,49 @@ TEST(StorageService, MalformedFramesCloseTheConnectionAndTheServerCarriesOn) {
   ChunkWriteResult r;
   c.client->write(std::span(&w, 1), std::span(&r, 1));
   EXPECT_TRUE(r.status.ok());
+}
+
+TEST(StorageService, SharedMemoryNeedsTheRightTokenAndInBoundsOffsets) {
+  Cluster c(1);
+  RawConn conn(c.server->address());
+  // Shared-memory flags before attaching are a protocol error: the connection is dropped.
+  const std::string data = payload(1, 100);
+  ASSERT_TRUE(
+      conn.send(wire::MsgId::kRead, 5, 1, wire::encode_read_req({}), "", SIZE_MAX, wire::kFlagShm).ok());
+  EXPECT_FALSE(conn.receive().ok());
+  RawConn conn2(c.server->address());
+  // A name outside the prefix, and a segment holding another token, are refused.
+  ASSERT_TRUE(conn2
+                  .send(wire::MsgId::kAttachShm, 5, 2,
+                        wire::encode_attach_shm_req({"/etc-passwd", 4096, std::string(16, 'x')}), "")
+                  .ok());
+  EXPECT_EQ(wire::decode_status_resp(*conn2.receive()).code(), StatusCode::kInvalidArgument);
+  const std::string name = std::string(wire::kShmPrefix) + "test-" + std::to_string(::getpid());
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  ::close(fd);
+  ASSERT_TRUE(conn2
+                  .send(wire::MsgId::kAttachShm, 5, 3,
+                        wire::encode_attach_shm_req({name, 1 << 20, std::string(16, 'y')}), "")
+                  .ok());
+  EXPECT_EQ(wire::decode_status_resp(*conn2.receive()).code(), StatusCode::kFailedPrecondition);
+  // With the right token the segment is attached; a write item outside it is rejected.
+  {
+    const int f = ::shm_open(name.c_str(), O_RDWR, 0);
+    ASSERT_EQ(::pwrite(f, std::string(16, 'y').data(), 16, 0), 16);
+    ::close(f);
+  }
+  ASSERT_TRUE(conn2
+                  .send(wire::MsgId::kAttachShm, 5, 4,
+                        wire::encode_attach_shm_req({name, 1 << 20, std::string(16, 'y')}), "")
+                  .ok());
+  EXPECT_TRUE(wire::decode_status_resp(*conn2.receive()).ok());
+  ::shm_unlink(name.c_str());
+  const std::string meta = wire::encode_write_req(
+      {wire::WriteReqItem{.id = "x", .length = 8192, .crc32c = 0, .shm_offset = (1 << 20) - 4096}}, true);
+  ASSERT_TRUE(conn2.send(wire::MsgId::kWrite, 5, 5, meta, "", SIZE_MAX, wire::kFlagShm).ok());
+  EXPECT_EQ(wire::decode_write_resp(*conn2.receive()).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(StorageService, RequestsOfOneClientInFlightAtOnceAreBounded) {

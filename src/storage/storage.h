@@ -50,17 +50,17 @@ struct TargetParams {
 struct ServerParams {
   std::vector<TargetParams> targets;
   std::string listen = "127.0.0.1:9400";  // HOST:PORT; port 0 picks a free one (see port())
-  std::string io = "auto";                 // auto | io_uring | psync
-  bool direct_io = true;                   // O_DIRECT where the filesystem allows it
-  uint64_t group_bytes = 16u << 20;        // slot-group size of newly created targets
+  std::string io = "auto";                // auto | io_uring | psync
+  bool direct_io = true;                  // O_DIRECT where the filesystem allows it
+  uint64_t group_bytes = 16u << 20;       // slot-group size of newly created targets
   int max_connections = 512;
-  int max_inflight_per_client = 16;        // requests of one client id executing at once
+  int max_inflight_per_client = 16;         // requests of one client id executing at once
   uint64_t max_request_bytes = 256u << 20;  // data bytes in one request or one response
   uint64_t memory_bytes = 1u << 30;         // I/O buffers of all requests executing at once
-  int io_timeout_ms = 30000;               // a peer silent this long mid-request is dropped
-  int maintenance_interval_ms = 1000;      // TTL expiry and high-water eviction
+  int io_timeout_ms = 30000;                // a peer silent this long mid-request is dropped
+  int maintenance_interval_ms = 1000;       // TTL expiry and high-water eviction
   double evict_high_water = 0.95, evict_low_water = 0.90;
-  FaultInjector* faults = nullptr;         // tests only; not owned
+  FaultInjector* faults = nullptr;  // tests only; not owned
 };
 
 struct TargetInfo {
@@ -90,9 +90,10 @@ struct ServerHealth {
   uint64_t cpu_user_us = 0, cpu_system_us = 0;  // the server process's CPU time so far
   uint32_t connections = 0;
   uint64_t requests = 0;
-  uint64_t replayed_requests = 0;   // retries answered from the idempotency table
-  uint32_t inflight_max_seen = 0;   // most requests of one client executing at once
-  uint64_t inflight_waits = 0;      // requests that waited for the per-client bound
+  uint64_t replayed_requests = 0;  // retries answered from the idempotency table
+  uint32_t inflight_max_seen = 0;  // most requests of one client executing at once
+  uint64_t inflight_waits = 0;     // requests that waited for the per-client bound
+  uint64_t shm_requests = 0;       // reads/writes whose bytes went through shared memory
   std::vector<TargetHealth> targets;
 };
 
@@ -116,7 +117,7 @@ struct TargetReport {
   uint32_t target_id = 0;
   uint64_t chunks = 0;
   uint64_t live_bytes = 0;
-  uint64_t orphan_bytes_reclaimed = 0;  // released by this open
+  uint64_t orphan_bytes_reclaimed = 0;   // released by this open
   std::vector<std::string> corrupt_ids;  // printable (non-printable bytes escaped)
 };
 Result<TargetReport> verify_target(const std::string& dir);
@@ -129,20 +130,24 @@ struct ClientParams {
   uint64_t client_id = 0;            // 0: random; identifies retried writes across connections
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 60000;
-  int retries = 3;                   // resend after a broken connection (writes are idempotent)
-  int idle_connections = 8;          // kept open per server
-  bool verify_checksums = true;      // check each read's CRC32C in the client too
+  int retries = 3;               // resend after a broken connection (writes are idempotent)
+  int idle_connections = 8;      // kept open per server
+  bool verify_checksums = true;  // check each read's CRC32C in the client too
+  // Same-host servers: a shared-memory segment of this size per connection carries the chunk
+  // bytes (the server reads from disk straight into it and writes to disk straight from it), so
+  // nothing crosses the socket but the messages. 0 turns it off; other hosts fall back to TCP.
+  uint64_t shm_bytes = 64u << 20;
 };
 
 enum class ChunkMode : uint8_t { kOverwrite = 0, kCreate = 1 };  // kCreate keeps a live chunk
 
 struct ChunkWrite {
-  std::string_view id;              // 1..1024 bytes
-  std::span<const uint8_t> data;    // up to 64 MiB
+  std::string_view id;            // 1..1024 bytes
+  std::span<const uint8_t> data;  // up to 64 MiB
   ChunkMode mode = ChunkMode::kOverwrite;
-  bool evictable = false;           // a cache block: TTL/LRU may remove it
+  bool evictable = false;  // a cache block: TTL/LRU may remove it
   uint32_t ttl_s = 0;
-  std::optional<size_t> target;     // index into targets(); default: place(id)
+  std::optional<size_t> target;  // index into targets(); default: place(id)
 };
 
 struct ChunkWriteResult {
@@ -203,14 +208,15 @@ class StorageClient {
   virtual void write(std::span<const ChunkWrite> items, std::span<ChunkWriteResult> results) = 0;
   virtual void read(std::span<const ChunkRead> items, std::span<ChunkReadResult> results) = 0;
   // targets: empty (placement) or one index into targets() per id.
-  virtual void stat(std::span<const std::string_view> ids, std::span<ChunkStat> results, uint32_t lease_ms = 0,
-                    std::span<const size_t> targets = {}) = 0;
+  virtual void stat(std::span<const std::string_view> ids, std::span<ChunkStat> results,
+                    uint32_t lease_ms = 0, std::span<const size_t> targets = {}) = 0;
   // existed[i] says whether ids[i] was there.
   virtual Status remove(std::span<const std::string_view> ids, std::span<bool> existed,
                         std::span<const size_t> targets = {}) = 0;
   // One page of ids on one target, in order, after start_after.
-  virtual Result<std::vector<ChunkListing>> list(size_t target, std::string_view prefix, std::string_view start_after,
-                                                 uint32_t limit, bool* more) = 0;
+  virtual Result<std::vector<ChunkListing>> list(size_t target, std::string_view prefix,
+                                                 std::string_view start_after, uint32_t limit,
+                                                 bool* more) = 0;
   virtual Result<ServerHealth> health(size_t server) = 0;
   virtual size_t server_count() const = 0;
   virtual uint64_t client_id() const = 0;
@@ -224,7 +230,7 @@ std::string kv_key_hex(const KvKey& key);
 Result<KvKey> parse_kv_key(std::string_view hex);  // 64 hex digits
 
 struct KvGetResult {
-  Status status;       // ok: hit; kNotFound: miss; anything else: an error (e.g. kCorrupt)
+  Status status;        // ok: hit; kNotFound: miss; anything else: an error (e.g. kCorrupt)
   uint32_t length = 0;  // bytes written into the destination on a hit
 };
 
@@ -264,7 +270,7 @@ struct FileInfo {
   uint64_t chunks = 0;
   uint32_t crc32c = 0;  // of the whole file
   int64_t mtime_ms = 0;
-  std::string inode;    // hex id of this version of the file
+  std::string inode;  // hex id of this version of the file
 };
 
 struct FileStoreParams {

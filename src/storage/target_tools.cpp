@@ -7,7 +7,6 @@
 
 namespace fathom::storage {
 
-
 Result<TargetReport> verify_target(const std::string& dir) {
   if (!std::filesystem::exists(dir + "/meta/CURRENT")) return not_found("'{}' is not a storage target", dir);
   auto engine = TRY(ChunkEngine::open(EngineParams{.dir = dir}));

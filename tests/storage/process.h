@@ -47,7 +47,8 @@ inline void drain(int out_fd, int err_fd, std::string& out, std::string& err) {
   }
 }
 
-inline pid_t spawn(const std::vector<std::string>& args, int* out_fd, int* err_fd, const std::string& stdin_data = "") {
+inline pid_t spawn(const std::vector<std::string>& args, int* out_fd, int* err_fd,
+                   const std::string& stdin_data = "") {
   int out[2], err[2], in[2];
   if (::pipe(out) != 0 || ::pipe(err) != 0 || ::pipe(in) != 0) return -1;
   const pid_t pid = ::fork();

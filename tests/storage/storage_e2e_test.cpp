@@ -18,8 +18,8 @@
 
 #include "base/fs.h"
 #include "base/rng.h"
-#include "storage/storage.h"
 #include "process.h"
+#include "storage/storage.h"
 
 namespace fathom::storage::e2e {
 namespace {
@@ -29,7 +29,9 @@ namespace fs = std::filesystem;
 class TempDir {
  public:
   TempDir() {
-    path_ = (fs::temp_directory_path() / ("fathom-store-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(n_++))).string();
+    path_ = (fs::temp_directory_path() /
+             ("fathom-store-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(n_++)))
+                .string();
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -76,7 +78,9 @@ KvKey key_of(uint64_t n) {
   }
   return k;
 }
-size_t kv_length(uint64_t n) { return 4096 + (n * 7919) % 300000; }
+size_t kv_length(uint64_t n) {
+  return 4096 + (n * 7919) % 300000;
+}
 
 TEST(StoreServerProcess, SignalsReadinessAnswersHealthAndStopsGracefullyOnSigterm) {
   TempDir dir;
@@ -91,8 +95,11 @@ TEST(StoreServerProcess, SignalsReadinessAnswersHealthAndStopsGracefullyOnSigter
   // Files and KV blocks through the CLI.
   const std::string local = dir.sub("in.bin");
   { std::ofstream(local, std::ios::binary) << payload(1, 5'000'000); }
-  ASSERT_EQ(run({"store", "put", local, "models/a.bin", "--server", server.address(), "--chunk-size", "1M"}).exit_code, 0);
-  ASSERT_EQ(run({"store", "get", "models/a.bin", dir.sub("out.bin"), "--server", server.address()}).exit_code, 0);
+  ASSERT_EQ(run({"store", "put", local, "models/a.bin", "--server", server.address(), "--chunk-size", "1M"})
+                .exit_code,
+            0);
+  ASSERT_EQ(run({"store", "get", "models/a.bin", dir.sub("out.bin"), "--server", server.address()}).exit_code,
+            0);
   EXPECT_EQ(*read_file(dir.sub("out.bin")), payload(1, 5'000'000));
   RunResult ls = run({"store", "ls", "models/", "--server", server.address()});
   EXPECT_NE(ls.out.find("models/a.bin"), std::string::npos);
@@ -141,14 +148,20 @@ TEST(StoreServerProcess, KillNineDuringConcurrentPutsLosesNoAcknowledgedPut) {
           if (t == 3) {  // a file writer
             const std::string path = fmt::format("r{}/f{}", round, i);
             const uint64_t s = seed + round * 100000 + i;
-            { std::lock_guard lock(mu); inflight_files.emplace_back(path, s); }
+            {
+              std::lock_guard lock(mu);
+              inflight_files.emplace_back(path, s);
+            }
             if (!files.put_bytes(bytes(payload(s, 100000 + i * 37000 % 900000)), path).ok()) return;
             std::lock_guard lock(mu);
             acked_files.emplace_back(path, s);
             continue;
           }
           const uint64_t n = next_key++;
-          { std::lock_guard lock(mu); inflight_kv.push_back(n); }
+          {
+            std::lock_guard lock(mu);
+            inflight_kv.push_back(n);
+          }
           if (!kv.put(key_of(n), bytes(payload(n, kv_length(n)))).ok()) return;
           std::lock_guard lock(mu);
           acked_kv.push_back(n);
@@ -191,8 +204,8 @@ TEST(StoreServerProcess, KillNineDuringConcurrentPutsLosesNoAcknowledgedPut) {
       EXPECT_EQ(data.status().code(), StatusCode::kNotFound) << path << ": " << data.status().to_string();
     }
   }
-  std::printf("%zu acknowledged blocks and %zu files checked; %zu unacknowledged blocks made it\n", acked_kv.size(),
-              acked_files.size(), present_unacked);
+  std::printf("%zu acknowledged blocks and %zu files checked; %zu unacknowledged blocks made it\n",
+              acked_kv.size(), acked_files.size(), present_unacked);
   EXPECT_GT(acked_kv.size(), 0u);
   server.kill(SIGTERM);
   EXPECT_EQ(server.wait(), 0);
@@ -206,14 +219,16 @@ TEST(StoreServerProcess, FlippedBytesOnDiskAreReportedAsCorruption) {
   {
     ServerProcess server;
     ASSERT_TRUE(server.start({"--target", dir.sub("t0")})) << server.log();
-    ASSERT_EQ(run({"store", "kv", "put", key, "-", "--server", server.address()}, payload(3, 100000)).exit_code, 0);
+    ASSERT_EQ(
+        run({"store", "kv", "put", key, "-", "--server", server.address()}, payload(3, 100000)).exit_code, 0);
     server.kill(SIGTERM);
     ASSERT_EQ(server.wait(), 0);
   }
   // The block is the only chunk of its class, at offset 0 of that class's data file.
   std::string data_file;
   for (const auto& e : fs::directory_iterator(dir.sub("t0/data"))) {
-    if (fs::file_size(e.path()) > 0 && e.path().filename().string().find("_131072") != std::string::npos) data_file = e.path();
+    if (fs::file_size(e.path()) > 0 && e.path().filename().string().find("_131072") != std::string::npos)
+      data_file = e.path();
   }
   ASSERT_FALSE(data_file.empty());
   {
@@ -241,13 +256,15 @@ TEST(StoreServerProcess, FullTargetRefusesFilePutsDistinctlyAndEvictsCacheBlocks
   TempDir dir;
   {
     ServerProcess server;
-    ASSERT_TRUE(server.start({"--target", dir.sub("files"), "--capacity", "8M", "--group-size", "1M"})) << server.log();
+    ASSERT_TRUE(server.start({"--target", dir.sub("files"), "--capacity", "8M", "--group-size", "1M"}))
+        << server.log();
     const std::string local = dir.sub("one-mib");
     { std::ofstream(local, std::ios::binary) << payload(4, 1 << 20); }
     int stored = 0;
     RunResult last;
     for (; stored < 20; ++stored) {
-      last = run({"store", "put", local, "f" + std::to_string(stored), "--chunk-size", "1M", "--server", server.address()});
+      last = run({"store", "put", local, "f" + std::to_string(stored), "--chunk-size", "1M", "--server",
+                  server.address()});
       if (last.exit_code != 0) break;
     }
     EXPECT_EQ(stored, 7);  // 7 one-MiB groups of data + 1 group of inode records
@@ -256,12 +273,15 @@ TEST(StoreServerProcess, FullTargetRefusesFilePutsDistinctlyAndEvictsCacheBlocks
     RunResult ls = run({"store", "ls", "--server", server.address()});
     EXPECT_EQ(std::count(ls.out.begin(), ls.out.end(), '\n'), 7) << ls.out;  // nothing half-written
     EXPECT_EQ(run({"store", "rm", "f0", "--server", server.address()}).exit_code, 0);
-    EXPECT_EQ(run({"store", "put", local, "again", "--chunk-size", "1M", "--server", server.address()}).exit_code, 0);
+    EXPECT_EQ(
+        run({"store", "put", local, "again", "--chunk-size", "1M", "--server", server.address()}).exit_code,
+        0);
     EXPECT_EQ(run({"store", "get", "again", dir.sub("back"), "--server", server.address()}).exit_code, 0);
     EXPECT_EQ(*read_file(dir.sub("back")), payload(4, 1 << 20));
   }
   ServerProcess server;
-  ASSERT_TRUE(server.start({"--target", dir.sub("cache"), "--capacity", "4M", "--group-size", "1M"})) << server.log();
+  ASSERT_TRUE(server.start({"--target", dir.sub("cache"), "--capacity", "4M", "--group-size", "1M"}))
+      << server.log();
   auto client = connect(server.address());
   KvCache kv(*client);
   for (uint64_t n = 0; n < 40; ++n) ASSERT_TRUE(kv.put(key_of(n), bytes(payload(n, 512 * 1024))).ok()) << n;
@@ -273,8 +293,9 @@ TEST(StoreServerProcess, FullTargetRefusesFilePutsDistinctlyAndEvictsCacheBlocks
 
 TEST(StoreBench, ReportsThroughputAndRatiosAgainstFio) {
   TempDir dir;
-  RunResult r = run({"store", "bench", "--dir", dir.sub("bench"), "--bytes", "16M", "--block-size", "1M", "--batch", "4",
-                     "--threads", "2", "--rand-seconds", "0.5", "--rand-bytes", "2M", "--json"});
+  RunResult r =
+      run({"store", "bench", "--dir", dir.sub("bench"), "--bytes", "16M", "--block-size", "1M", "--batch",
+           "4", "--threads", "2", "--rand-seconds", "0.5", "--rand-bytes", "2M", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string last = r.out.substr(r.out.rfind('{', r.out.rfind("\"block_bytes\"")));
   const auto j = nlohmann::json::parse(last);
