@@ -10,6 +10,7 @@
 #include <set>
 
 #include "base/check.h"
+#include "base/fs.h"
 #include "base/log.h"
 #include "storage/chunk_engine_impl.h"
 #include "storage/crc32c.h"
@@ -132,7 +133,9 @@ Status ChunkEngine::reclaim_orphans() {
   std::lock_guard lock(mu_);
   const auto& classes = alloc_->classes();
   for (size_t cls = 0; cls < classes.size(); ++cls) {
-    auto existing = files_->open_file(fmt::format("class{:02}_{}.dat", cls, classes[cls].slot_bytes));
+    const std::string name = fmt::format("class{:02}_{}.dat", cls, classes[cls].slot_bytes);
+    if (class_files_[cls] < 0 && !path_exists(params_.dir + "/data/" + name)) continue;  // never used
+    auto existing = files_->open_file(name);
     if (!existing.ok()) return existing.status();
     class_files_[cls] = *existing;
     const uint64_t size = TRY(files_->size(*existing));
