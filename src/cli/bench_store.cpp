@@ -177,6 +177,199 @@ KvKey key_for(uint64_t run, uint64_t phase, uint64_t i) {
   return k;
 }
 
+// One benchmark run: the data, the client and the three phases.
+class StoreBench {
+ public:
+  StoreBench(const Options& o, uint64_t block, uint64_t total, uint64_t rand_total,
+             storage::StorageClient& client, bool remote)
+      : o_(o),
+        bs_(block),
+        batch_(static_cast<uint64_t>(o.batch)),
+        threads_(static_cast<int>(o.threads)),
+        n_blocks_(total / block),
+        n_small_(std::max<uint64_t>(rand_total / 4096, batch_)),
+        client_(client),
+        kv_(client),
+        remote_(remote),
+        run_(splitmix64(static_cast<uint64_t>(getpid()) ^ now_ns())),
+        rng_(run_) {
+    // Source data: a random pool sliced at varying offsets; destinations: one buffer per thread.
+    pool_.resize(std::max<size_t>(bs_ * 2, 64u << 20));
+    for (size_t i = 0; i < pool_.size(); i += 8) {
+      const uint64_t v = rng_.next_u64();
+      std::memcpy(pool_.data() + i, &v, std::min<size_t>(8, pool_.size() - i));
+    }
+    dest_.assign(threads_, std::vector<uint8_t>(batch_ * bs_));
+  }
+
+  PhaseResult put() {
+    const uint64_t n_batches = (n_blocks_ + batch_ - 1) / batch_;
+    return run_phase(threads_, n_batches, 0, client_, remote_, [&](int, uint64_t b) {
+      return put_blocks(1, b * batch_, std::min(batch_, n_blocks_ - b * batch_), bs_);
+    });
+  }
+
+  PhaseResult get() {  // every block once, in random order
+    std::vector<uint64_t> order(n_blocks_);
+    for (uint64_t i = 0; i < n_blocks_; ++i) order[i] = i;
+    for (uint64_t i = n_blocks_; i > 1; --i) std::swap(order[i - 1], order[rng_.below(i)]);
+    const uint64_t n_batches = (n_blocks_ + batch_ - 1) / batch_;
+    return run_phase(threads_, n_batches, 0, client_, remote_, [&](int t, uint64_t b) {
+      std::vector<uint64_t> which(order.begin() + b * batch_,
+                                  order.begin() + std::min(n_blocks_, (b + 1) * batch_));
+      return get_blocks(t, which, 1, bs_);
+    });
+  }
+
+  PhaseResult rand4k() {  // 4 KiB random reads over a data set of --rand-bytes
+    for (uint64_t first = 0; first < n_small_; first += 1024) {
+      (void)put_blocks(2, first, std::min<uint64_t>(1024, n_small_ - first), 4096);
+    }
+    std::vector<Rng> rngs;
+    for (int t = 0; t < threads_; ++t) rngs.emplace_back(run_ + t);
+    return run_phase(threads_, 0, o_.rand_seconds, client_, remote_, [&](int t, uint64_t) {
+      std::vector<uint64_t> which(batch_);
+      for (auto& w : which) w = rngs[t].below(n_small_);
+      return get_blocks(t, which, 2, 4096);
+    });
+  }
+
+  void cleanup() {
+    for (uint64_t phase : {1, 2}) {
+      const uint64_t n = phase == 1 ? n_blocks_ : n_small_;
+      for (uint64_t first = 0; first < n; first += 4096) {
+        std::vector<KvKey> keys;
+        for (uint64_t i = first; i < std::min(n, first + 4096); ++i) keys.push_back(key_for(run_, phase, i));
+        (void)kv_.remove(keys);
+      }
+    }
+  }
+
+  // The same jobs with fio on the target's filesystem (needs the target path on this machine).
+  void fio(const std::string& target, FioResult& write, FioResult& read, FioResult& rand) const {
+    if (o_.no_fio) {
+      write.status = read.status = rand.status = cancelled("--no-fio");
+      return;
+    }
+    if (!std::filesystem::is_directory(target)) {
+      write.status = read.status = rand.status =
+          unavailable("target path '{}' is not on this machine: run the bench on the server's host", target);
+      return;
+    }
+    const std::string file = fmt::format("{}/fio-bench-{}.tmp", target, getpid());
+    const std::string common = fmt::format(
+        "--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", file, queue_depth());
+    std::fprintf(stderr, "store bench: fio on %s (queue depth %llu)\n", target.c_str(),
+                 static_cast<unsigned long long>(queue_depth()));
+    write = run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", common, bs_,
+                                n_blocks_ * bs_, batch_),
+                    true);
+    read = run_fio(fmt::format("{} --rw=randread --bs={} --size={}", common, bs_, n_blocks_ * bs_), false);
+    rand = run_fio(fmt::format("{} --rw=randread --bs=4k --size={} --runtime={} --time_based", common,
+                               n_small_ * 4096, o_.rand_seconds),
+                   false);
+    std::filesystem::remove(file);
+  }
+
+  uint64_t queue_depth() const { return static_cast<uint64_t>(threads_) * batch_; }
+  uint64_t blocks() const { return n_blocks_; }
+
+ private:
+  BatchOutcome put_blocks(uint64_t phase, uint64_t first, uint64_t count, uint64_t size) {
+    std::vector<KvKey> keys;
+    std::vector<std::span<const uint8_t>> values;
+    for (uint64_t i = first; i < first + count; ++i) {
+      keys.push_back(key_for(run_, phase, i));
+      values.emplace_back(pool_.data() + (i * 4099 * 4096) % (pool_.size() - size), size);
+    }
+    BatchOutcome out;
+    for (const Status& s : kv_.batch_put(keys, values)) {
+      if (s.ok()) out.bytes += size, out.ops += 1;
+      if (!s.ok() && out.error.ok()) out.error = s;
+    }
+    return out;
+  }
+
+  BatchOutcome get_blocks(int t, const std::vector<uint64_t>& which, uint64_t phase, uint64_t size) {
+    std::vector<KvKey> keys;
+    std::vector<std::span<uint8_t>> spans;
+    for (size_t k = 0; k < which.size(); ++k) {
+      keys.push_back(key_for(run_, phase, which[k]));
+      spans.emplace_back(dest_[t].data() + k * size, size);
+    }
+    BatchOutcome out;
+    for (const auto& r : kv_.batch_get(keys, spans)) {
+      if (r.status.ok() && r.length == size) out.bytes += size, out.ops += 1;
+      if (!r.status.ok() && out.error.ok()) out.error = r.status;
+    }
+    return out;
+  }
+
+  const Options& o_;
+  const uint64_t bs_, batch_;
+  const int threads_;
+  const uint64_t n_blocks_, n_small_;
+  storage::StorageClient& client_;
+  storage::KvCache kv_;
+  const bool remote_;
+  const uint64_t run_;
+  Rng rng_;
+  std::vector<uint8_t> pool_;
+  std::vector<std::vector<uint8_t>> dest_;
+};
+
+struct Report {
+  PhaseResult put, get, rand4k;
+  FioResult fio_write, fio_read, fio_rand;
+  double ratio(double a, double b) const { return b > 0 ? a / b : 0.0; }
+  double put_fraction() const { return ratio(put.gbs(), fio_write.bw_bytes / 1e9); }
+  double get_fraction() const { return ratio(get.gbs(), fio_read.bw_bytes / 1e9); }
+  double iops_fraction() const { return ratio(rand4k.iops(), fio_rand.iops); }
+  uint64_t errors() const { return put.errors + get.errors + rand4k.errors; }
+};
+
+void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, const std::string& target,
+                  const std::string& server) {
+  if (o.json) {
+    nlohmann::json j = {{"block_bytes", bs},
+                        {"batch", o.batch},
+                        {"threads", o.threads},
+                        {"queue_depth", qd},
+                        {"target", target},
+                        {"server", server},
+                        {"put", r.put.to_json()},
+                        {"get", r.get.to_json()},
+                        {"rand4k_get", r.rand4k.to_json()},
+                        {"fio_write", r.fio_write.to_json()},
+                        {"fio_read", r.fio_read.to_json()},
+                        {"fio_rand4k_read", r.fio_rand.to_json()},
+                        {"get_fraction_of_fio", r.get_fraction()},
+                        {"put_fraction_of_fio", r.put_fraction()},
+                        {"rand4k_iops_fraction_of_fio", r.iops_fraction()},
+                        {"errors", r.errors()}};
+    print_json_line(j.dump());
+    return;
+  }
+  std::printf("store bench: %s blocks, %lld threads x batch %lld (queue depth %llu), target %s\n",
+              format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
+              static_cast<unsigned long long>(qd), target.c_str());
+  std::printf(
+      "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
+      "%.0f%%\n",
+      r.put.gbs(), r.put.iops(), r.put.p50_ms, r.put.p99_ms, r.put.cores_per_gbs(),
+      r.fio_write.bw_bytes / 1e9, 100 * r.put_fraction());
+  std::printf(
+      "  get  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio read  %.3f GB/s -> "
+      "%.0f%%\n",
+      r.get.gbs(), r.get.iops(), r.get.p50_ms, r.get.p99_ms, r.get.cores_per_gbs(), r.fio_read.bw_bytes / 1e9,
+      100 * r.get_fraction());
+  std::printf("  4K random get %8.0f IOPS  p50 %.2f ms p99 %.2f ms | fio %8.0f IOPS -> %.0f%%\n",
+              r.rand4k.iops(), r.rand4k.p50_ms, r.rand4k.p99_ms, r.fio_rand.iops, 100 * r.iops_fraction());
+  for (const FioResult* f : {&r.fio_write, &r.fio_read, &r.fio_rand}) {
+    if (!f->status.ok()) std::printf("  fio: %s\n", f->status.to_string().c_str());
+  }
+}
+
 int run_store_bench(int argc, char** argv) {
   Options o;
   Args args(argv[0],
@@ -203,9 +396,8 @@ int run_store_bench(int argc, char** argv) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
   if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block) {
-    return fail(args.command(),
-                invalid_argument("need 0 < --block-size <= 64M <= ..., --batch and --threads >= 1, "
-                                 "--bytes >= --block-size"));
+    return fail(args.command(), invalid_argument("need 0 < --block-size <= 64M, --batch and --threads >= 1, "
+                                                 "and --bytes >= --block-size"));
   }
   // The server: a running one, or one in this process.
   std::unique_ptr<storage::StorageServer> local;
@@ -224,158 +416,25 @@ int run_store_bench(int argc, char** argv) {
   }
   auto client = storage::StorageClient::connect(storage::ClientParams{.servers = servers});
   if (!client.ok()) return fail(args.command(), client.status());
-  storage::KvCache kv(**client);
-  const std::string target_path = (*client)->targets()[0].path;
-  const int threads = static_cast<int>(o.threads);
-  const uint64_t batch = static_cast<uint64_t>(o.batch), bs = *block;
-  const uint64_t n_blocks = *total / bs, n_batches = (n_blocks + batch - 1) / batch;
-  const uint64_t run = splitmix64(static_cast<uint64_t>(getpid()) ^ now_ns());
-  // Source data: a random pool sliced at varying offsets; destinations: one buffer per thread.
-  const size_t pool_bytes = std::max<size_t>(bs * 2, 64u << 20);
-  std::vector<uint8_t> pool(pool_bytes);
-  Rng rng(run);
-  for (size_t i = 0; i < pool.size(); i += 8) {
-    const uint64_t v = rng.next_u64();
-    std::memcpy(pool.data() + i, &v, std::min<size_t>(8, pool.size() - i));
-  }
-  std::vector<std::vector<uint8_t>> dest(threads, std::vector<uint8_t>(batch * bs));
-  auto put_blocks = [&](uint64_t phase, uint64_t first, uint64_t count, uint64_t size) -> BatchOutcome {
-    std::vector<KvKey> keys;
-    std::vector<std::span<const uint8_t>> values;
-    for (uint64_t i = first; i < first + count; ++i) {
-      keys.push_back(key_for(run, phase, i));
-      values.emplace_back(pool.data() + (i * 4099 * 4096) % (pool.size() - size), size);
-    }
-    BatchOutcome out;
-    for (const Status& s : kv.batch_put(keys, values)) {
-      if (s.ok()) out.bytes += size, out.ops += 1;
-      if (!s.ok() && out.error.ok()) out.error = s;
-    }
-    return out;
-  };
-  auto get_blocks = [&](int t, const std::vector<uint64_t>& which, uint64_t phase,
-                        uint64_t size) -> BatchOutcome {
-    std::vector<KvKey> keys;
-    std::vector<std::span<uint8_t>> spans;
-    for (size_t k = 0; k < which.size(); ++k) {
-      keys.push_back(key_for(run, phase, which[k]));
-      spans.emplace_back(dest[t].data() + k * size, size);
-    }
-    BatchOutcome out;
-    for (const auto& r : kv.batch_get(keys, spans)) {
-      if (r.status.ok() && r.length == size) out.bytes += size, out.ops += 1;
-      if (!r.status.ok() && out.error.ok()) out.error = r.status;
-    }
-    return out;
-  };
-  const bool remote = local == nullptr;
-  std::fprintf(stderr, "store bench: put %llu x %s blocks, %d threads x batch %llu\n",
-               static_cast<unsigned long long>(n_blocks), format_bytes(bs).c_str(), threads,
-               static_cast<unsigned long long>(batch));
-  const PhaseResult put = run_phase(threads, n_batches, 0, **client, remote, [&](int, uint64_t b) {
-    return put_blocks(1, b * batch, std::min(batch, n_blocks - b * batch), bs);
-  });
-  std::vector<uint64_t> order(n_blocks);
-  for (uint64_t i = 0; i < n_blocks; ++i) order[i] = i;
-  for (uint64_t i = n_blocks; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
-  const PhaseResult get = run_phase(threads, n_batches, 0, **client, remote, [&](int t, uint64_t b) {
-    std::vector<uint64_t> which(order.begin() + b * batch,
-                                order.begin() + std::min(n_blocks, (b + 1) * batch));
-    return get_blocks(t, which, 1, bs);
-  });
-  // 4 KiB random reads over a data set of --rand-bytes.
-  const uint64_t n_small = std::max<uint64_t>(*rand_total / 4096, batch);
-  for (uint64_t first = 0; first < n_small; first += 1024)
-    (void)put_blocks(2, first, std::min<uint64_t>(1024, n_small - first), 4096);
-  std::vector<Rng> rngs;
-  for (int t = 0; t < threads; ++t) rngs.emplace_back(run + t);
-  const PhaseResult rand4k = run_phase(threads, 0, o.rand_seconds, **client, remote, [&](int t, uint64_t) {
-    std::vector<uint64_t> which(batch);
-    for (auto& w : which) w = rngs[t].below(n_small);
-    return get_blocks(t, which, 2, 4096);
-  });
-  // Clean up what the bench wrote.
-  for (uint64_t phase : {1, 2}) {
-    const uint64_t n = phase == 1 ? n_blocks : n_small;
-    for (uint64_t first = 0; first < n; first += 4096) {
-      std::vector<KvKey> keys;
-      for (uint64_t i = first; i < std::min(n, first + 4096); ++i) keys.push_back(key_for(run, phase, i));
-      (void)kv.remove(keys);
-    }
-  }
-  // fio: the same jobs on the target's filesystem (needs the target path on this machine).
-  FioResult fio_write, fio_read, fio_rand;
-  const uint64_t qd = static_cast<uint64_t>(threads) * batch;
-  if (o.no_fio) {
-    fio_write.status = fio_read.status = fio_rand.status = cancelled("--no-fio");
-  } else if (!std::filesystem::is_directory(target_path)) {
-    fio_write.status = fio_read.status = fio_rand.status = unavailable(
-        "target path '{}' is not on this machine: run the bench on the server's host", target_path);
-  } else {
-    const std::string file = fmt::format("{}/fio-bench-{}.tmp", target_path, getpid());
-    const std::string common =
-        fmt::format("--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", file, qd);
-    std::fprintf(stderr, "store bench: fio on %s (queue depth %llu)\n", target_path.c_str(),
-                 static_cast<unsigned long long>(qd));
-    fio_write = run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", common,
-                                    bs, n_blocks * bs, batch),
-                        true);
-    fio_read = run_fio(fmt::format("{} --rw=randread --bs={} --size={}", common, bs, n_blocks * bs), false);
-    fio_rand = run_fio(fmt::format("{} --rw=randread --bs=4k --size={} --runtime={} --time_based", common,
-                                   n_small * 4096, o.rand_seconds),
-                       false);
-    std::filesystem::remove(file);
-  }
-  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-  const double get_frac = ratio(get.gbs(), fio_read.bw_bytes / 1e9);
-  const double put_frac = ratio(put.gbs(), fio_write.bw_bytes / 1e9);
-  const double iops_frac = ratio(rand4k.iops(), fio_rand.iops);
+  const std::string target = (*client)->targets()[0].path;
+  StoreBench bench(o, *block, *total, *rand_total, **client, local == nullptr);
+  std::fprintf(stderr, "store bench: %llu x %s blocks, %lld threads x batch %lld\n",
+               static_cast<unsigned long long>(bench.blocks()), format_bytes(*block).c_str(),
+               static_cast<long long>(o.threads), static_cast<long long>(o.batch));
+  Report r;
+  r.put = bench.put();
+  r.get = bench.get();
+  r.rand4k = bench.rand4k();
+  bench.cleanup();
+  bench.fio(target, r.fio_write, r.fio_read, r.fio_rand);
   if (local) local->stop();
   if (!tmp_dir.empty() && o.dir.empty()) std::filesystem::remove_all(tmp_dir);
-  const uint64_t errors = put.errors + get.errors + rand4k.errors;
-  if (o.json) {
-    nlohmann::json j = {{"block_bytes", bs},
-                        {"batch", batch},
-                        {"threads", threads},
-                        {"queue_depth", qd},
-                        {"target", target_path},
-                        {"server", remote ? servers[0] : "in-process"},
-                        {"put", put.to_json()},
-                        {"get", get.to_json()},
-                        {"rand4k_get", rand4k.to_json()},
-                        {"fio_write", fio_write.to_json()},
-                        {"fio_read", fio_read.to_json()},
-                        {"fio_rand4k_read", fio_rand.to_json()},
-                        {"get_fraction_of_fio", get_frac},
-                        {"put_fraction_of_fio", put_frac},
-                        {"rand4k_iops_fraction_of_fio", iops_frac},
-                        {"errors", errors}};
-    print_json_line(j.dump());
-  } else {
-    std::printf("store bench: %s blocks, %d threads x batch %llu (queue depth %llu), target %s\n",
-                format_bytes(bs).c_str(), threads, static_cast<unsigned long long>(batch),
-                static_cast<unsigned long long>(qd), target_path.c_str());
-    std::printf(
-        "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
-        "%.0f%%\n",
-        put.gbs(), put.iops(), put.p50_ms, put.p99_ms, put.cores_per_gbs(), fio_write.bw_bytes / 1e9,
-        100 * put_frac);
-    std::printf(
-        "  get  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio read  %.3f GB/s -> "
-        "%.0f%%\n",
-        get.gbs(), get.iops(), get.p50_ms, get.p99_ms, get.cores_per_gbs(), fio_read.bw_bytes / 1e9,
-        100 * get_frac);
-    std::printf("  4K random get %8.0f IOPS  p50 %.2f ms p99 %.2f ms | fio %8.0f IOPS -> %.0f%%\n",
-                rand4k.iops(), rand4k.p50_ms, rand4k.p99_ms, fio_rand.iops, 100 * iops_frac);
-    for (const FioResult* f : {&fio_write, &fio_read, &fio_rand}) {
-      if (!f->status.ok()) std::printf("  fio: %s\n", f->status.to_string().c_str());
-    }
-  }
-  if (errors > 0) {
-    const std::string first = !put.first_error.empty()   ? put.first_error
-                              : !get.first_error.empty() ? get.first_error
-                                                         : rand4k.first_error;
-    return fail(args.command(), internal_error("{} failed operations; first: {}", errors, first));
+  print_report(o, r, *block, bench.queue_depth(), target, local ? "in-process" : servers[0]);
+  if (r.errors() > 0) {
+    const std::string first = !r.put.first_error.empty()   ? r.put.first_error
+                              : !r.get.first_error.empty() ? r.get.first_error
+                                                           : r.rand4k.first_error;
+    return fail(args.command(), internal_error("{} failed operations; first: {}", r.errors(), first));
   }
   return 0;
 }

@@ -87,6 +87,80 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
   });
 }
 
+namespace {
+
+// One read request's answer: where each item's bytes go (the caller's buffer, a result vector,
+// or scratch for an item whose buffer is too small), then the client-side CRC32C check.
+struct ReadCall {
+  std::span<const ChunkRead> items;
+  std::span<ChunkReadResult> results;
+  const std::vector<size_t>& idx;
+  std::vector<wire::ReadRespItem> got;
+  std::vector<std::vector<uint8_t>> scratch;
+  std::vector<uint8_t*> where;
+
+  ReadCall(std::span<const ChunkRead> i, std::span<ChunkReadResult> r, const std::vector<size_t>& x)
+      : items(i), results(r), idx(x), scratch(x.size()), where(x.size(), nullptr) {}
+
+  Result<std::vector<iovec>> place(const wire::Header& h, std::string_view meta, const Conn& conn) {
+    const bool shm = (h.flags & wire::kFlagShm) != 0;
+    got = TRY(wire::decode_read_resp(meta, h.data_bytes, shm));
+    if (got.size() != idx.size()) return corrupt("read response has {} items for {}", got.size(), idx.size());
+    std::vector<iovec> dest;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const ChunkRead& in = items[idx[k]];
+      ChunkReadResult& out = results[idx[k]];
+      out = ChunkReadResult{.status = got[k].status,
+                            .version = got[k].version,
+                            .length = got[k].data_length,
+                            .chunk_length = got[k].chunk_length};
+      const uint32_t len = got[k].data_length;
+      if (!got[k].status.ok() || len == 0) continue;
+      if (shm && (got[k].shm_offset > conn.shm_bytes || len > conn.shm_bytes - got[k].shm_offset)) {
+        return corrupt("read response places {} bytes at {} outside the {}-byte shared segment", len,
+                       got[k].shm_offset, conn.shm_bytes);
+      }
+      if (!in.dest.empty() && in.dest.size() < len) {
+        out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", printable_id(in.id),
+                                  len, in.dest.size());
+        if (!shm) {
+          scratch[k].resize(len);
+          dest.push_back(iovec{scratch[k].data(), len});
+        }
+        continue;
+      }
+      if (in.dest.empty()) out.data.resize(len);
+      where[k] = in.dest.empty() ? out.data.data() : in.dest.data();
+      if (shm) {
+        std::memcpy(where[k], conn.shm + got[k].shm_offset, len);
+      } else {
+        dest.push_back(iovec{where[k], len});
+      }
+    }
+    return dest;
+  }
+
+  void finish(const Status& call_status, bool verify) {
+    for (size_t k = 0; k < idx.size(); ++k) {
+      ChunkReadResult& out = results[idx[k]];
+      if (!call_status.ok()) {
+        out = ChunkReadResult{.status = call_status};
+        continue;
+      }
+      if (!out.status.ok() || where[k] == nullptr || !verify) continue;
+      const uint32_t crc = crc32c(where[k], out.length);
+      if (crc != got[k].crc32c) {
+        out.status = corrupt(
+            "chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted "
+            "in transit)",
+            printable_id(items[idx[k]].id), crc, got[k].crc32c);
+      }
+    }
+  }
+};
+
+}  // namespace
+
 void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResult> results) {
   CHECK(items.size() == results.size());
   std::vector<size_t> tgt(items.size());
@@ -121,68 +195,11 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
            .request_id = next_request(),
            .meta = wire::encode_read_req(req)};
     c.build = [](Call& call, const Conn& conn) { call.flags = conn.shm != nullptr ? wire::kFlagShm : 0; };
-    std::vector<wire::ReadRespItem> got;
-    std::vector<std::vector<uint8_t>> scratch(idx.size());
-    std::vector<uint8_t*> where(idx.size(), nullptr);
-    auto sink = [&](const wire::Header& h, std::string_view meta,
-                    const Conn& conn) -> Result<std::vector<iovec>> {
-      const bool shm = (h.flags & wire::kFlagShm) != 0;
-      got = TRY(wire::decode_read_resp(meta, h.data_bytes, shm));
-      if (got.size() != idx.size())
-        return corrupt("read response has {} items for {}", got.size(), idx.size());
-      std::vector<iovec> dest;
-      for (size_t k = 0; k < idx.size(); ++k) {
-        const ChunkRead& in = items[idx[k]];
-        ChunkReadResult& out = results[idx[k]];
-        out = ChunkReadResult{.status = got[k].status,
-                              .version = got[k].version,
-                              .length = got[k].data_length,
-                              .chunk_length = got[k].chunk_length};
-        if (!got[k].status.ok() || got[k].data_length == 0) continue;
-        const uint32_t len = got[k].data_length;
-        if (shm && (got[k].shm_offset > conn.shm_bytes || len > conn.shm_bytes - got[k].shm_offset)) {
-          return corrupt("read response places {} bytes at {} outside the {}-byte shared segment", len,
-                         got[k].shm_offset, conn.shm_bytes);
-        }
-        if (!in.dest.empty() && in.dest.size() < len) {
-          out.status = out_of_range("chunk '{}': {} bytes do not fit the {}-byte buffer", printable_id(in.id),
-                                    len, in.dest.size());
-          if (!shm) {
-            scratch[k].resize(len);
-            dest.push_back(iovec{scratch[k].data(), len});
-          }
-          continue;
-        }
-        if (in.dest.empty()) {
-          out.data.resize(len);
-          where[k] = out.data.data();
-        } else {
-          where[k] = in.dest.data();
-        }
-        if (shm) {
-          std::memcpy(where[k], conn.shm + got[k].shm_offset, len);
-        } else {
-          dest.push_back(iovec{where[k], len});
-        }
-      }
-      return dest;
-    };
-    auto meta = call(server, c, sink);
-    for (size_t k = 0; k < idx.size(); ++k) {
-      ChunkReadResult& out = results[idx[k]];
-      if (!meta.ok()) {
-        out = ChunkReadResult{.status = meta.status()};
-        continue;
-      }
-      if (!out.status.ok() || where[k] == nullptr || !params_.verify_checksums) continue;
-      const uint32_t crc = crc32c(where[k], out.length);
-      if (crc != got[k].crc32c) {
-        out.status = corrupt(
-            "chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted in "
-            "transit)",
-            printable_id(items[idx[k]].id), crc, got[k].crc32c);
-      }
-    }
+    ReadCall rc(items, results, idx);
+    auto meta = call(server, c, [&](const wire::Header& h, std::string_view m, const Conn& conn) {
+      return rc.place(h, m, conn);
+    });
+    rc.finish(meta.status(), params_.verify_checksums);
   });
 }
 
