@@ -1,0 +1,168 @@
+// `fathom bench decode`: prefill and single-stream decode speed of a model against this
+// machine's measured memory bandwidth and peak arithmetic, in the same run.
+//   decode roofline fraction  = (weight + KV bytes per token / read bandwidth) / time per token
+//   prefill roofline fraction = (FLOPs / peak of the arithmetic the weights use) / prefill time
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "base/progress.h"
+#include "base/rng.h"
+#include "base/timer.h"
+#include "cli/args.h"
+#include "cli/bench.h"
+#include "kernels/roofline.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace fathom::cli {
+namespace {
+
+// The peak that bounds the dominant weight type's arithmetic.
+double peak_for(DType d, const PeakCompute& p, std::string* which) {
+  if (d == DType::kQ8_0 || d == DType::kQ4_0) {
+    *which = "int8";
+    return p.int8_gops;
+  }
+  if (d == DType::kF32 || d == DType::kF16) {
+    *which = "f32";
+    return p.f32_gflops;
+  }
+  *which = "bf16";
+  return p.bf16_gflops;
+}
+
+int run_bench_decode(int argc, char** argv) {
+  std::string model_path, kv = "bf16";
+  int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1;
+  bool json_out = false;
+  Args args(argv[0], "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
+  args.usage("--model PATH [--prompt-tokens N] [--gen-tokens N] [--json]");
+  args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.option("--prompt-tokens", &prompt_tokens, "prompt length (random token ids)");
+  args.option("--gen-tokens", &gen_tokens, "tokens to decode (greedy)");
+  args.option("--kv-dtype", &kv, "bf16 or fp8 latent cache", "DTYPE");
+  args.option("--seed", &seed, "seed of the random prompt");
+  args.flag("--json", &json_out, "print one JSON object with raw figures and ratios");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  if (prompt_tokens < 1 || gen_tokens < 1) return fail(args.command(), invalid_argument("token counts must be positive"));
+  auto kv_dtype = parse_mla_kv_dtype(kv);
+  if (!kv_dtype.ok()) return fail(args.command(), kv_dtype.status());
+  ThreadPool& pool = default_pool();
+  const MemoryBandwidth bw = measure_memory_bandwidth(pool);
+  const PeakCompute peak = measure_peak_compute(pool);
+  ModelOptions mo;
+  mo.max_batch_tokens = std::min<int64_t>(std::max<int64_t>(prompt_tokens, 1), 512);
+  auto loaded = Model::load(model_path, mo);
+  if (!loaded.ok()) return fail(args.command(), loaded.status());
+  Model& model = **loaded;
+  const ModelConfig& c = model.config();
+  if (prompt_tokens + gen_tokens > model.max_context()) {
+    return fail(args.command(), out_of_range("{} + {} tokens exceed the context limit {}", prompt_tokens, gen_tokens, model.max_context()));
+  }
+  KvCacheOptions ko = model.kv_cache_options(*kv_dtype, 0, 1);
+  ko.capacity_bytes = static_cast<uint64_t>(((prompt_tokens + gen_tokens) / ko.format.page_tokens + 2) *
+                                            ko.format.page_bytes() * ko.n_layers);
+  auto cache_r = KvCache::create(ko);
+  if (!cache_r.ok()) return fail(args.command(), cache_r.status());
+  KvCache& cache = **cache_r;
+  Rng rng(static_cast<uint64_t>(seed));
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(model.tokenizer().vocab_size())));
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  auto run = [&](SeqId seq, int64_t pos, std::span<const int32_t> toks) -> Result<ForwardResult> {
+    TRY(cache.append(seq, toks));
+    const SeqBatch b{seq, pos, static_cast<int64_t>(toks.size()), false};
+    return model.forward(std::span<const SeqBatch>(&b, 1), toks, cache, logits.data());
+  };
+  // Warm-up: touch every weight once (page faults are not what we measure).
+  {
+    auto seq = cache.add_sequence();
+    if (!seq.ok()) return fail(args.command(), seq.status());
+    auto r = run(*seq, 0, std::span<const int32_t>(prompt).subspan(0, std::min<size_t>(prompt.size(), 64)));
+    if (!r.ok()) return fail(args.command(), r.status());
+    (void)cache.free_sequence(*seq);
+  }
+  auto seq_r = cache.add_sequence();
+  if (!seq_r.ok()) return fail(args.command(), seq_r.status());
+  const SeqId seq = *seq_r;
+  ProgressBar bar({"bench decode", static_cast<uint64_t>(prompt_tokens + gen_tokens), ProgressUnit::kTokens});
+  double prefill_flops = 0, prefill_bytes = 0;
+  Timer tp;
+  for (int64_t p = 0; p < prompt_tokens; p += mo.max_batch_tokens) {
+    const int64_t n = std::min(mo.max_batch_tokens, prompt_tokens - p);
+    auto r = run(seq, p, std::span<const int32_t>(prompt).subspan(static_cast<size_t>(p), static_cast<size_t>(n)));
+    if (!r.ok()) return fail(args.command(), r.status());
+    prefill_flops += r->stats.linear_flops + r->stats.attention_flops;
+    prefill_bytes += r->stats.weight_bytes;
+    bar.add(static_cast<uint64_t>(n));
+  }
+  const double prefill_s = tp.elapsed_s();
+  double decode_bytes = 0, decode_flops = 0;
+  int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  Timer td;
+  for (int64_t i = 0; i < gen_tokens; ++i) {
+    auto r = run(seq, prompt_tokens + i, std::span<const int32_t>(&tok, 1));
+    if (!r.ok()) return fail(args.command(), r.status());
+    decode_bytes += r->stats.weight_bytes + r->stats.kv_bytes;
+    decode_flops += r->stats.linear_flops + r->stats.attention_flops;
+    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    bar.add(1);
+  }
+  const double decode_s = td.elapsed_s();
+  bar.finish();
+  const double bytes_per_token = decode_bytes / static_cast<double>(gen_tokens);
+  const double s_per_token = decode_s / static_cast<double>(gen_tokens);
+  const double decode_fraction = (bytes_per_token / (bw.read_gbs * 1e9)) / s_per_token;
+  std::string arith;
+  const DType wdt = model.weights().layers.back().o.dtype;
+  const double peak_g = peak_for(wdt, peak, &arith);
+  const double prefill_fraction = (prefill_flops / (peak_g * 1e9)) / prefill_s;
+  if (json_out) {
+    nlohmann::json j = {{"model", model_path},
+                        {"weights_dtype", dtype_name(wdt)},
+                        {"kv_dtype", kv},
+                        {"threads", pool.size()},
+                        {"prompt_tokens", prompt_tokens},
+                        {"gen_tokens", gen_tokens},
+                        {"prefill_seconds", prefill_s},
+                        {"prefill_tokens_per_s", static_cast<double>(prompt_tokens) / prefill_s},
+                        {"prefill_flops", prefill_flops},
+                        {"prefill_weight_bytes", prefill_bytes},
+                        {"decode_seconds", decode_s},
+                        {"decode_tokens_per_s", static_cast<double>(gen_tokens) / decode_s},
+                        {"decode_bytes_per_token", bytes_per_token},
+                        {"decode_flops_per_token", decode_flops / static_cast<double>(gen_tokens)},
+                        {"bandwidth_gbs", bw.read_gbs},
+                        {"peak_arithmetic", arith},
+                        {"peak_gflops", peak_g},
+                        {"peak_bf16_gflops", peak.bf16_gflops},
+                        {"peak_int8_gops", peak.int8_gops},
+                        {"peak_f32_gflops", peak.f32_gflops},
+                        {"decode_roofline_fraction", decode_fraction},
+                        {"prefill_roofline_fraction", prefill_fraction},
+                        {"checkpoint_bytes", model.checkpoint_bytes()},
+                        {"repacked_bytes", model.repacked_bytes()}};
+    print_json_line(j.dump());
+    return 0;
+  }
+  std::printf("machine: read %.1f GB/s, peak bf16 %.0f GFLOP/s, int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
+              bw.read_gbs, peak.bf16_gflops, peak.int8_gops, peak.f32_gflops, pool.size());
+  std::printf("prefill: %lld tokens in %.2f s = %.1f tokens/s, %.1f GFLOP/s = %.0f%% of the %s peak\n",
+              static_cast<long long>(prompt_tokens), prefill_s, static_cast<double>(prompt_tokens) / prefill_s,
+              prefill_flops / prefill_s * 1e-9, prefill_fraction * 100, arith.c_str());
+  std::printf("decode:  %lld tokens in %.2f s = %.2f tokens/s, %s read per token = %.1f GB/s = %.0f%% of bandwidth\n",
+              static_cast<long long>(gen_tokens), decode_s, static_cast<double>(gen_tokens) / decode_s,
+              format_bytes(static_cast<uint64_t>(bytes_per_token)).c_str(), bytes_per_token / s_per_token * 1e-9,
+              decode_fraction * 100);
+  return 0;
+}
+
+}  // namespace
+
+FATHOM_BENCH("decode", "Prefill and decode speed of a model vs the measured roofline", run_bench_decode);
+
+}  // namespace fathom::cli

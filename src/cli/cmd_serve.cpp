@@ -1,0 +1,102 @@
+// `fathom serve`: the OpenAI-compatible server over a model (engine + HTTP).
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "base/log.h"
+#include "base/strings.h"
+#include "cli/args.h"
+#include "cli/command.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/server.h"
+
+namespace fathom::cli {
+namespace {
+
+Server* g_server = nullptr;
+
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+
+std::string default_model_name(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  if (ends_with(name, ".gguf")) name.resize(name.size() - 5);
+  return name.empty() ? "model" : name;
+}
+
+int run_serve(int argc, char** argv) {
+  std::string model_path, kv_dtype = "bf16";
+  ServerOptions so;
+  EngineOptions eo;
+  double kv_gb = 1.0;
+  int64_t max_context = 0, max_body_mb = 4;
+  bool no_spec = false, no_prefix = false;
+  Args args(argv[0], "Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,\n"
+                     "health, metrics) with continuous batching, prefix caching and MTP speculation.");
+  args.usage("--model PATH [options]");
+  args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.option("--host", &so.host, "address to listen on", "HOST");
+  args.option("--port", &so.port, "port (0 picks a free one)");
+  args.option("--served-model-name", &so.served_model_name, "model id in the API (default: the checkpoint's name)", "NAME");
+  args.option("--api-key", &so.api_key, "require 'Authorization: Bearer KEY' on every route but /health", "KEY");
+  args.option("--max-batch", &eo.max_running, "sequences decoding at once");
+  args.option("--prefill-chunk", &eo.prefill_chunk, "prefill tokens per step (chunked prefill)");
+  args.option("--max-waiting", &eo.max_waiting, "queued requests before 429");
+  args.option("--kv-cache-gb", &kv_gb, "KV cache capacity in GiB");
+  args.option("--kv-dtype", &kv_dtype, "bf16 or fp8 latent cache", "DTYPE");
+  args.option("--max-context", &max_context, "context limit (default min(max_position_embeddings, 32768))");
+  args.option("--max-body-mb", &max_body_mb, "largest request body (413 beyond)");
+  args.option("--http-threads", &so.http_threads, "concurrent HTTP connections served");
+  args.flag("--no-speculative", &no_spec, "do not use the MTP module for speculative decoding");
+  args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
+  args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  if (model_path.empty()) return fail(args.command(), invalid_argument("--model is required"));
+  if (kv_gb <= 0 || kv_gb > 4096) return fail(args.command(), invalid_argument("--kv-cache-gb {} is out of range", kv_gb));
+  if (max_body_mb < 1) return fail(args.command(), invalid_argument("--max-body-mb must be at least 1"));
+  auto kvd = parse_mla_kv_dtype(kv_dtype);
+  if (!kvd.ok()) return fail(args.command(), kvd.status());
+  eo.kv_dtype = *kvd;
+  eo.kv_cache_bytes = static_cast<uint64_t>(kv_gb * static_cast<double>(uint64_t{1} << 30));
+  eo.speculative = !no_spec;
+  eo.prefix_cache = !no_prefix;
+  so.max_body_bytes = static_cast<size_t>(max_body_mb) << 20;
+  if (so.served_model_name.empty()) so.served_model_name = default_model_name(model_path);
+  ModelOptions mo;
+  mo.max_context = max_context;
+  mo.max_sequences = eo.max_running + 1;
+  mo.max_batch_tokens = eo.prefill_chunk + 2 * static_cast<int64_t>(eo.max_running);
+  auto model = Model::load(model_path, mo);
+  if (!model.ok()) return fail(args.command(), model.status());
+  auto engine = Engine::create(**model, eo);
+  if (!engine.ok()) return fail(args.command(), engine.status());
+  auto server = Server::create(**engine, so);
+  if (!server.ok()) return fail(args.command(), server.status());
+  Status st = (*server)->bind();
+  if (!st.ok()) return fail(args.command(), st);
+  g_server = server->get();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::printf("fathom serve: listening on http://%s:%d (model '%s'%s)\n", so.host.c_str(), (*server)->port(),
+              so.served_model_name.c_str(), (*model)->has_mtp() && eo.speculative ? ", MTP speculation on" : "");
+  std::fflush(stdout);
+  st = (*server)->serve();
+  g_server = nullptr;
+  log_info("server stopped");
+  if (!st.ok()) return fail(args.command(), st);
+  return 0;
+}
+
+}  // namespace
+
+FATHOM_COMMAND("serve", "Serve a model over an OpenAI-compatible HTTP API", run_serve);
+
+}  // namespace fathom::cli

@@ -1,0 +1,590 @@
+// Engine: request queue, scheduler (continuous batching, chunked prefill, prefix cache,
+// preemption), MTP speculation and per-request streaming. See engine.h.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <thread>
+
+#include "base/log.h"
+#include "base/timer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fathom {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "";
+}
+
+std::optional<GenerationEvent> RequestStream::next(int timeout_ms) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); })) return std::nullopt;
+  GenerationEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void RequestStream::push(GenerationEvent e) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_one();
+}
+
+namespace {
+
+struct Seq {
+  uint64_t id = 0;
+  GenerationRequest req;
+  std::shared_ptr<RequestStream> stream;
+  SeqId cache_seq = -1;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;       // tokens whose KV is in the cache
+  int64_t n_generated = 0;
+  int64_t cached_tokens = 0;    // from the prefix cache, first admission
+  bool admitted_once = false;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamDecoder> detok;
+  std::string held;             // text held back while it may start a stop string
+  std::optional<int32_t> draft;
+  JsonMatcher json;
+  Timer clock;                  // since submit
+  double first_token_s = -1, last_token_s = 0;
+  // this step
+  int64_t feed_begin = 0, n_feed = 0, row0 = 0, logit_row = 0;
+  bool sample_now = false;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  Model* model = nullptr;
+  EngineOptions options;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<JsonVocab> json_vocab;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::deque<std::unique_ptr<Seq>> incoming;  // submitted, not yet seen by the engine thread
+  std::deque<std::unique_ptr<Seq>> waiting;   // engine thread only
+  std::list<std::unique_ptr<Seq>> running;    // admitted, in admission order
+  uint64_t next_id = 1;
+  EngineMetrics m;      // published copy, guarded by mu
+  EngineMetrics stats;  // engine thread only; published at the end of each step
+  // Buffers sized once.
+  std::vector<float> logits, hidden, mtp_logits;
+  std::vector<int32_t> batch_tokens, mtp_tokens;
+  std::vector<uint64_t> mask;
+  bool spec = false;
+
+  void loop();
+  bool step();
+  void admit();
+  bool make_room(int64_t pages, const Seq* requester);
+  void preempt(Seq& s);
+  void finish(Seq& s, FinishReason r, Status error = {});
+  // Emits a sampled token; false when the sequence finished.
+  bool emit(Seq& s, const SampleResult& r, GenerationEvent& ev);
+  void flush_event(Seq& s, GenerationEvent& ev);
+  void fail_all(const Status& st);
+  void publish() {
+    std::lock_guard lock(mu);
+    const int64_t queued = static_cast<int64_t>(waiting.size());
+    m = stats;
+    m.running = static_cast<int64_t>(running.size());
+    m.waiting = queued;
+    m.kv = cache->stats();
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions& options) {
+  if (options.max_running < 1 || options.prefill_chunk < 1 || options.max_waiting < 0) {
+    return invalid_argument("engine: max_running and prefill_chunk must be positive");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = &model;
+  impl->options = options;
+  impl->options.prefill_chunk = std::min(options.prefill_chunk, model.options().max_batch_tokens - 2 * options.max_running);
+  if (impl->options.prefill_chunk < 1) {
+    return invalid_argument("engine: the model's max_batch_tokens {} leaves no prefill budget beside {} decoding sequences",
+                            model.options().max_batch_tokens, options.max_running);
+  }
+  if (options.max_running > model.options().max_sequences) {
+    return invalid_argument("engine: max_running {} exceeds the model's max_sequences {}", options.max_running,
+                            model.options().max_sequences);
+  }
+  const KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes, options.max_running + 1);
+  impl->cache = TRY(KvCache::create(ko));
+  const int64_t V = model.config().vocab_size, H = model.config().hidden_size;
+  const int64_t T = model.options().max_batch_tokens;
+  impl->logits.resize(static_cast<size_t>(T * V));
+  impl->hidden.resize(static_cast<size_t>(T * H));
+  impl->mtp_logits.resize(static_cast<size_t>(options.max_running * V));
+  impl->mask.resize(static_cast<size_t>((V + 63) / 64));
+  impl->spec = options.speculative && model.has_mtp();
+  impl->json_vocab = TRY(JsonVocab::create(model.tokenizer(), static_cast<int32_t>(V)));
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->loop(); });
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const EngineOptions& Engine::options() const { return impl_->options; }
+Model& Engine::model() { return *impl_->model; }
+
+Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request) {
+  Impl& m = *impl_;
+  TRY(validate_sampling(request.sampling));
+  if (request.prompt.empty()) return invalid_argument("the prompt is empty");
+  if (request.max_tokens < 1) return invalid_argument("max_tokens {} must be at least 1", request.max_tokens);
+  const int64_t ctx = m.model->max_context();
+  if (static_cast<int64_t>(request.prompt.size()) >= ctx) {
+    return out_of_range("the prompt has {} tokens; this model's context is {} tokens", request.prompt.size(), ctx);
+  }
+  const int64_t V = m.model->config().vocab_size;
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= V) return invalid_argument("prompt token {} is outside the vocabulary", t);
+  }
+  const int64_t page_tokens = m.cache->format().page_tokens;
+  const int64_t need = (static_cast<int64_t>(request.prompt.size()) + 1 + page_tokens - 1) / page_tokens;
+  if (need > m.cache->n_pages()) {
+    return resource_exhausted("the prompt needs {} KV pages but the cache holds {} (raise --kv-cache-gb)", need,
+                              m.cache->n_pages());
+  }
+  auto s = std::make_unique<Seq>();
+  s->stream = std::make_shared<RequestStream>();
+  s->tokens = request.prompt;
+  s->n_prompt = static_cast<int64_t>(request.prompt.size());
+  s->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(V));
+  s->sampler->add_prompt(request.prompt);
+  s->detok = std::make_unique<StreamDecoder>(m.model->tokenizer(), DecodeOptions{.skip_special = true});
+  s->req = std::move(request);
+  auto stream = s->stream;
+  {
+    std::lock_guard lock(m.mu);
+    // m.m.waiting is the engine's last published queue length (its deque is engine-thread only).
+    if (static_cast<int64_t>(m.incoming.size()) + m.m.waiting >= m.options.max_waiting) {
+      return resource_exhausted("the request queue is full ({} waiting)", m.options.max_waiting);
+    }
+    s->id = m.next_id++;
+    m.incoming.push_back(std::move(s));
+  }
+  m.cv.notify_all();
+  return stream;
+}
+
+EngineMetrics Engine::metrics() {
+  std::lock_guard lock(impl_->mu);
+  return impl_->m;
+}
+
+Histogram Histogram::latency() {
+  Histogram h;
+  h.bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  h.counts.assign(h.bounds.size() + 1, 0);
+  return h;
+}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+void Engine::Impl::loop() {
+  while (true) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return stopping || !incoming.empty() || !waiting.empty() || !running.empty(); });
+      if (stopping) break;
+      while (!incoming.empty()) {
+        waiting.push_back(std::move(incoming.front()));
+        incoming.pop_front();
+      }
+    }
+    step();
+  }
+  // Shut down: everything still pending ends as cancelled.
+  std::deque<std::unique_ptr<Seq>> late;
+  {
+    std::lock_guard lock(mu);
+    late.swap(incoming);
+  }
+  for (auto& s : running) finish(*s, FinishReason::kCancelled);
+  for (auto& s : waiting) finish(*s, FinishReason::kCancelled);
+  for (auto& s : late) finish(*s, FinishReason::kCancelled);
+}
+
+void Engine::Impl::finish(Seq& s, FinishReason r, Status error) {
+  GenerationEvent ev;
+  if (r != FinishReason::kCancelled && r != FinishReason::kError) {
+    std::string tail;
+    s.detok->finish(&tail);
+    ev.text = s.held + tail;  // no stop string matched: the held-back text is output after all
+  }
+  s.held.clear();
+  ev.finish = r;
+  ev.error = std::move(error);
+  ev.usage = {s.n_prompt, s.n_generated, s.cached_tokens};
+  if (s.cache_seq >= 0) {
+    (void)cache->free_sequence(s.cache_seq);
+    s.cache_seq = -1;
+  }
+  s.stream->push(std::move(ev));
+  if (r == FinishReason::kCancelled) ++stats.requests_cancelled;
+  else if (r == FinishReason::kError) ++stats.requests_failed;
+  else ++stats.requests_finished;
+}
+
+void Engine::Impl::preempt(Seq& s) {
+  (void)cache->free_sequence(s.cache_seq);
+  s.cache_seq = -1;
+  s.n_computed = 0;
+  s.n_feed = 0;
+  s.draft.reset();
+  ++stats.preemptions;
+}
+
+// Frees pages by preempting the newest running sequences until `pages` are available. False when
+// the requester itself had to go (it was the newest).
+bool Engine::Impl::make_room(int64_t pages, const Seq* requester) {
+  while (cache->available_pages() < pages && !running.empty()) {
+    auto victim = std::prev(running.end());
+    const bool self = victim->get() == requester;
+    preempt(**victim);
+    waiting.push_front(std::move(*victim));
+    running.erase(victim);
+    if (self) return false;
+  }
+  return cache->available_pages() >= pages;
+}
+
+void Engine::Impl::admit() {
+  while (!waiting.empty() && static_cast<int>(running.size()) < options.max_running) {
+    Seq& s = *waiting.front();
+    if (s.stream->cancelled()) {
+      finish(s, FinishReason::kCancelled);
+      waiting.pop_front();
+      continue;
+    }
+    // Admit only if the first prefill chunk fits (pages for running decodes are kept aside).
+    const int64_t first = std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(s.tokens.size()));
+    const int64_t need = first / cache->format().page_tokens + 2 + static_cast<int64_t>(running.size());
+    if (cache->available_pages() < need) break;
+    auto seq = cache->add_sequence();
+    if (!seq.ok()) break;
+    s.cache_seq = *seq;
+    if (options.prefix_cache) {
+      auto hit = cache->attach_prefix(s.cache_seq, std::span<const int32_t>(s.tokens.data(), s.tokens.size() - 1));
+      if (hit.ok()) {
+        s.n_computed = *hit;
+        if (!s.admitted_once) s.cached_tokens = *hit;
+      }
+    }
+    if (!s.admitted_once) {
+      stats.prompt_tokens += s.n_prompt;
+      stats.cached_prompt_tokens += s.cached_tokens;
+    }
+    s.admitted_once = true;
+    running.push_back(std::move(waiting.front()));
+    waiting.pop_front();
+  }
+}
+
+void Engine::Impl::flush_event(Seq& s, GenerationEvent& ev) {
+  if (ev.tokens.empty() && ev.text.empty()) return;
+  s.stream->push(std::move(ev));
+  ev = GenerationEvent{};
+}
+
+bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
+  const Tokenizer& tok = model->tokenizer();
+  const double now = s.clock.elapsed_s();
+  if (s.first_token_s < 0) {
+    s.first_token_s = now;
+    ev.first_token_seconds = now;
+    stats.ttft.observe(now);
+  } else {
+    stats.itl.observe(now - s.last_token_s);
+  }
+  s.last_token_s = now;
+  s.tokens.push_back(r.token);
+  ++s.n_generated;
+  ++stats.generated_tokens;
+  s.sampler->add_generated(r.token);
+  ev.tokens.push_back(r.token);
+  if (s.req.sampling.logprobs || s.req.sampling.top_logprobs > 0) ev.logprobs.push_back(r);
+  const bool is_eos = r.token == tok.eos_id() && !s.req.ignore_eos;
+  const bool is_stop_token =
+      std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), r.token) != s.req.stop_tokens.end();
+  if (is_eos || is_stop_token) {
+    flush_event(s, ev);
+    finish(s, FinishReason::kStop);
+    return false;
+  }
+  if (s.req.json_object) (void)s.json.feed(tok.token_bytes(r.token).value_or(""));
+  std::string piece;
+  if (std::find(s.req.keep_special_tokens.begin(), s.req.keep_special_tokens.end(), r.token) !=
+      s.req.keep_special_tokens.end()) {
+    s.detok->finish(&piece);  // complete text so far, then the marker itself
+    piece += tok.token_bytes(r.token).value_or("");
+  } else if (!s.detok->push(r.token, &piece).ok()) {
+    piece.clear();
+  }
+  s.held += piece;
+  // Stop strings: cut at the first match; otherwise hold back a tail that may start one.
+  size_t cut = std::string::npos;
+  for (const auto& stop : s.req.stop) {
+    if (stop.empty()) continue;
+    const size_t at = s.held.find(stop);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    ev.text += s.held.substr(0, cut);
+    s.held.clear();
+    flush_event(s, ev);
+    finish(s, FinishReason::kStop);
+    return false;
+  }
+  size_t keep = 0;
+  for (const auto& stop : s.req.stop) {
+    for (size_t k = std::min(stop.size() - 1, s.held.size()); k > keep; --k) {
+      if (s.held.compare(s.held.size() - k, k, stop, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    }
+  }
+  ev.text += s.held.substr(0, s.held.size() - keep);
+  s.held.erase(0, s.held.size() - keep);
+  const int64_t ctx = model->max_context();
+  if (s.n_generated >= s.req.max_tokens || static_cast<int64_t>(s.tokens.size()) >= ctx) {
+    flush_event(s, ev);
+    finish(s, FinishReason::kLength);
+    return false;
+  }
+  return true;
+}
+
+void Engine::Impl::fail_all(const Status& st) {
+  log_error("engine step failed: {}", st.to_string());
+  for (auto& s : running) finish(*s, FinishReason::kError, st);
+  running.clear();
+}
+
+bool Engine::Impl::step() {
+  // Cancelled requests give their pages back first.
+  for (auto it = running.begin(); it != running.end();) {
+    if ((*it)->stream->cancelled()) {
+      finish(**it, FinishReason::kCancelled);
+      it = running.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  admit();
+  if (running.empty()) {
+    publish();
+    return false;
+  }
+  const int64_t T_max = model->options().max_batch_tokens;
+  // Decoding sequences first: one token each, or two with a draft to verify.
+  std::vector<Seq*> order;
+  for (auto& s : running) order.push_back(s.get());
+  int64_t budget = T_max;
+  std::vector<SeqBatch> batch;
+  batch_tokens.clear();
+  std::vector<Seq*> in_batch;
+  for (Seq* s : order) {
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    if (remaining != 1) continue;  // still prefilling
+    if (s->draft && (s->n_generated + 2 > s->req.max_tokens ||
+                     static_cast<int64_t>(s->tokens.size()) + 2 > model->max_context())) {
+      s->draft.reset();
+    }
+    int64_t n = s->draft ? 2 : 1;
+    auto pages = cache->pages_needed(s->cache_seq, n);
+    if (!pages.ok()) continue;
+    if (*pages > cache->available_pages() && s->draft) {
+      s->draft.reset();
+      n = 1;
+      pages = cache->pages_needed(s->cache_seq, n);
+    }
+    if (*pages > cache->available_pages() && !make_room(*pages, s)) continue;
+    if (s->cache_seq < 0) continue;  // it was preempted itself (cannot happen: kept)
+    s->feed_begin = s->n_computed;
+    s->n_feed = n;
+    budget -= n;
+  }
+  // Prefill chunks within the remaining budget.
+  int64_t prefill_budget = std::min(budget, options.prefill_chunk);
+  for (Seq* s : order) {
+    if (s->cache_seq < 0 || prefill_budget <= 0) continue;
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    if (remaining <= 1) continue;  // decoding (handled above)
+    const int64_t n = std::min(prefill_budget, remaining);
+    auto pages = cache->pages_needed(s->cache_seq, n);
+    if (!pages.ok() || *pages > cache->available_pages()) continue;
+    s->feed_begin = s->n_computed;
+    s->n_feed = n;
+    prefill_budget -= n;
+  }
+  // Assemble the batch in running order.
+  for (auto& up : running) {
+    Seq* s = up.get();
+    if (s->n_feed == 0 || s->cache_seq < 0) continue;
+    std::vector<int32_t> feed(s->tokens.begin() + s->feed_begin, s->tokens.begin() + s->feed_begin + std::min<int64_t>(s->n_feed, static_cast<int64_t>(s->tokens.size()) - s->feed_begin));
+    if (s->draft && s->n_feed == 2) feed.push_back(*s->draft);
+    Status st = cache->append(s->cache_seq, feed);
+    if (!st.ok()) {
+      s->n_feed = 0;
+      continue;
+    }
+    s->row0 = static_cast<int64_t>(batch_tokens.size());
+    batch_tokens.insert(batch_tokens.end(), feed.begin(), feed.end());
+    s->sample_now = s->feed_begin + static_cast<int64_t>(feed.size()) >= static_cast<int64_t>(s->tokens.size());
+    batch.push_back(SeqBatch{s->cache_seq, s->feed_begin, static_cast<int64_t>(feed.size()), s->n_feed == 2 && s->draft.has_value()});
+    in_batch.push_back(s);
+  }
+  if (batch.empty()) {
+    // Nothing fits: wait for pages to free up (another request finishing) or for cancellation.
+    publish();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return false;
+  }
+  auto fr = model->forward(batch, batch_tokens, *cache, logits.data(), spec ? hidden.data() : nullptr);
+  if (!fr.ok()) {
+    fail_all(fr.status());
+    return false;
+  }
+  // Sample, verify drafts, emit; collect the MTP rows (positions whose next token is known).
+  const int64_t V = model->config().vocab_size, H = model->config().hidden_size;
+  int64_t logit_row = 0;
+  struct MtpRows {
+    Seq* s;
+    SeqBatch b;
+    bool draft;  // the sequence decodes next step and wants a draft
+  };
+  std::vector<MtpRows> mtp;
+  for (size_t i = 0; i < in_batch.size(); ++i) {
+    Seq* s = in_batch[i];
+    const SeqBatch& b = batch[i];
+    const int64_t rows = b.all_logits ? b.n_new : 1;
+    const int64_t first_row = logit_row;
+    logit_row += rows;
+    const int64_t computed_before = s->n_computed;
+    s->n_computed = b.pos + b.n_new;
+    s->n_feed = 0;
+    if (!s->sample_now) {  // a prefill chunk short of the end: its next tokens are the prompt's
+      if (spec) mtp.push_back({s, SeqBatch{s->cache_seq, b.pos, b.n_new, false}, false});
+      continue;
+    }
+    GenerationEvent ev;
+    bool alive = true;
+    int64_t final_rows = b.n_new;
+    const bool had_draft = b.all_logits && s->draft.has_value();
+    const int32_t draft = s->draft.value_or(-1);
+    s->draft.reset();
+    for (int64_t r = 0; r < rows && alive; ++r) {
+      const float* lg = logits.data() + (first_row + (b.all_logits ? r : 0)) * V;
+      const uint64_t* allowed = nullptr;
+      if (s->req.json_object) {
+        json_vocab->mask(s->json, mask.data());
+        allowed = mask.data();
+      }
+      Result<SampleResult> sr = SampleResult{};
+      if (!s->req.forced_output.empty()) {
+        const size_t k = static_cast<size_t>(s->n_generated);
+        sr->token = k < s->req.forced_output.size() ? s->req.forced_output[k] : model->tokenizer().eos_id();
+      } else {
+        sr = s->sampler->sample(lg, allowed);
+      }
+      if (!sr.ok()) {
+        flush_event(*s, ev);
+        finish(*s, FinishReason::kError, sr.status());
+        alive = false;
+        break;
+      }
+      alive = emit(*s, *sr, ev);
+      if (had_draft && r == 0) {
+        ++stats.spec_drafted;
+        if (sr->token == draft) {
+          ++stats.spec_accepted;
+          continue;  // the draft's row is valid: the bonus token comes from it
+        }
+        // Rejected: the draft's KV goes; the sampled token is the next input.
+        if (alive) (void)cache->truncate(s->cache_seq, b.pos + 1);
+        s->n_computed = b.pos + 1;
+        final_rows = 1;
+        break;
+      }
+    }
+    if (!alive) continue;
+    flush_event(*s, ev);
+    if (spec) mtp.push_back({s, SeqBatch{s->cache_seq, had_draft ? b.pos : computed_before, final_rows, false}, true});
+  }
+  // Draft the next token of every decoding sequence with the MTP layer (rows of finished
+  // sequences are dropped; their pages are already gone).
+  if (spec && !mtp.empty()) {
+    std::vector<SeqBatch> mb;
+    std::vector<float> mh;
+    std::vector<Seq*> who;
+    mtp_tokens.clear();
+    for (const MtpRows& r : mtp) {
+      if (r.s->cache_seq < 0) continue;
+      mb.push_back(r.b);
+      mtp_tokens.insert(mtp_tokens.end(), r.s->tokens.begin() + r.b.pos + 1, r.s->tokens.begin() + r.b.pos + 1 + r.b.n_new);
+      mh.insert(mh.end(), hidden.begin() + r.s->row0 * H, hidden.begin() + (r.s->row0 + r.b.n_new) * H);
+      who.push_back(r.draft ? r.s : nullptr);
+    }
+    if (!mb.empty()) {
+      auto mr = model->mtp_forward(mb, mtp_tokens, mh.data(), *cache, mtp_logits.data());
+      if (!mr.ok()) {
+        log_warn("MTP draft failed ({}); continuing without speculation", mr.status().to_string());
+        spec = false;
+      } else {
+        for (size_t i = 0; i < who.size(); ++i) {
+          if (who[i] == nullptr) continue;
+          const float* lg = mtp_logits.data() + static_cast<int64_t>(i) * V;
+          who[i]->draft = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
+        }
+      }
+    }
+  }
+  // Drop finished sequences.
+  for (auto it = running.begin(); it != running.end();) {
+    if ((*it)->cache_seq < 0) {
+      it = running.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ++stats.steps;
+  publish();
+  return true;
+}
+
+}  // namespace fathom

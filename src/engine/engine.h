@@ -1,0 +1,146 @@
+// Engine: continuous batching of generation requests over one Model and its paged KV cache.
+//
+// One engine thread owns the model and the cache. Each step it runs, in a single forward call,
+// the next token of every running sequence (two with an MTP draft to verify) plus a budget of
+// chunked-prefill tokens, so long prompts never stall running streams; then samples, checks stop
+// conditions and pushes events to each request's stream. Other threads only submit requests and
+// read their streams.
+//
+//  - Prefix caching: a new request attaches the longest run of cached full pages of its prompt
+//    (KvCache::attach_prefix, keyed by the page hashes) and prefills only the rest.
+//  - Preemption: when pages run out for running sequences, the newest one gives its pages back
+//    and is re-queued (its prompt plus what it generated is recomputed later; nothing is lost).
+//  - Speculative decoding with the checkpoint's MTP module: the MTP layer drafts one token
+//    (greedy); the next step verifies it causally with the main model (s_q = 2). Sampling is
+//    exact: the first token is drawn from the target distribution and the draft is kept only if
+//    it equals that draw, so outputs have the target's distribution at any temperature.
+//  - Cancellation: a cancelled request's pages are freed at the next step.
+//
+// Thread safety: submit(), metrics() and RequestStream are safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/json_constraint.h"
+#include "engine/sampler.h"
+#include "kvcache/kvcache.h"
+#include "model/model.h"
+
+namespace fathom {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+std::string_view finish_reason_name(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 256;
+  std::vector<std::string> stop;      // stop strings (not included in the output)
+  std::vector<int32_t> stop_tokens;   // besides EOS
+  bool ignore_eos = false;
+  bool json_object = false;           // constrain the output to one JSON object
+  // Special tokens whose text is kept in the output (the tool-call markers, so the server can
+  // parse calls); every other special token is dropped from the text.
+  std::vector<int32_t> keep_special_tokens;
+  // Test hook: emit these tokens (then EOS) instead of sampling; the model still runs every step.
+  std::vector<int32_t> forced_output;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// One update of a request, in order; the last one has finish != kNone.
+struct GenerationEvent {
+  std::string text;                  // new text (complete UTF-8)
+  std::vector<int32_t> tokens;       // the tokens behind it
+  std::vector<SampleResult> logprobs;  // per token when requested
+  FinishReason finish = FinishReason::kNone;
+  Status error;                      // with kError
+  Usage usage;                       // with the last event
+  double first_token_seconds = -1;   // set once, on the event that carries the first token
+};
+
+// A request's event queue. The engine pushes; one reader pops.
+class RequestStream {
+ public:
+  // Waits up to timeout_ms for the next event; nullopt on timeout.
+  std::optional<GenerationEvent> next(int timeout_ms);
+  // Asks the engine to stop this request; its pages are freed at the next step.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  void push(GenerationEvent e);  // engine side
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineOptions {
+  int max_running = 32;              // sequences decoding at once
+  int64_t prefill_chunk = 512;       // prefill tokens per step (chunked prefill budget)
+  int max_waiting = 256;             // queued requests before submit() answers kResourceExhausted
+  uint64_t kv_cache_bytes = uint64_t{1} << 30;
+  MlaKvDType kv_dtype = MlaKvDType::kBF16;
+  bool prefix_cache = true;
+  bool speculative = true;           // use the MTP module when the checkpoint has one
+};
+
+// A fixed-bucket latency histogram (Prometheus semantics: cumulative buckets, sum, count).
+struct Histogram {
+  std::vector<double> bounds;    // upper bounds in seconds, ascending
+  std::vector<int64_t> counts;   // per bucket (not cumulative), plus one for +Inf
+  double sum = 0;
+  int64_t count = 0;
+  static Histogram latency();    // 1 ms .. 60 s
+  void observe(double v);
+};
+
+struct EngineMetrics {
+  int64_t running = 0, waiting = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
+  int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0, preemptions = 0;
+  int64_t spec_drafted = 0, spec_accepted = 0;
+  int64_t steps = 0;
+  KvCacheStats kv;
+  Histogram ttft = Histogram::latency();  // submit -> first token
+  Histogram itl = Histogram::latency();   // between tokens of a stream
+};
+
+class Engine {
+ public:
+  // The model must outlive the engine. Starts the engine thread.
+  static Result<std::unique_ptr<Engine>> create(Model& model, const EngineOptions& options);
+  ~Engine();  // stops the thread; pending requests finish with kCancelled
+
+  // Queues a request. kResourceExhausted when the queue is full; kOutOfRange when the prompt
+  // cannot fit the context; kInvalidArgument for bad parameters.
+  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request);
+  // Counters, gauges and latency histograms since start.
+  EngineMetrics metrics();
+  const EngineOptions& options() const;
+  Model& model();
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fathom

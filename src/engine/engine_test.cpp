@@ -1,0 +1,273 @@
+// The engine against a plain greedy loop on the same model: batching, chunked prefill,
+// preemption, prefix caching, speculative decoding, cancellation and stops must never change what
+// a request generates (greedy), and must never lose a request.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "base/fs.h"
+#include "base/rng.h"
+#include "engine/engine.h"
+#include "model/synth.h"
+
+namespace fathom {
+namespace {
+
+std::string model_dir() { return testing::TempDir() + "/engine_test/dense-mtp"; }
+
+// A dense V3-style model (no routed experts): what these tests check is the engine — scheduling,
+// pages, prefix reuse, speculation — and a dense model's greedy choices do not hinge on router
+// near-ties, which random MoE weights are full of (one flipped expert moves logits by whole units).
+constexpr const char* kDenseConfig = R"({"model_type": "deepseek_v3", "vocab_size": 4096, "hidden_size": 256,
+  "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 8,
+  "n_routed_experts": 0, "n_shared_experts": 0, "kv_lora_rank": 64, "q_lora_rank": 128, "qk_rope_head_dim": 32,
+  "v_head_dim": 32, "qk_nope_head_dim": 32, "first_k_dense_replace": 3, "max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000, "hidden_act": "silu"})";
+
+class EngineTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::filesystem::create_directories(testing::TempDir() + "/engine_test");
+    const int lock = open((testing::TempDir() + "/engine_test/.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(lock, 0);
+    ASSERT_EQ(flock(lock, LOCK_EX), 0);
+    if (!path_exists(model_dir() + ".done")) {
+      const std::string cfg = testing::TempDir() + "/engine_test/dense-config.json";
+      ASSERT_TRUE(write_file_atomic(cfg, kDenseConfig).ok());
+      SynthOptions o;
+      o.config_path = cfg;
+      o.dtype = DType::kBF16;
+      o.out = model_dir();
+      o.seed = 9;
+      o.mtp = true;
+      o.progress = false;
+      ASSERT_TRUE(synthesize(o).ok());
+      ASSERT_TRUE(write_file_atomic(model_dir() + ".done", "").ok());
+    }
+    flock(lock, LOCK_UN);
+    close(lock);
+  }
+
+  std::unique_ptr<Model> load() {
+    ModelOptions mo;
+    mo.progress = false;
+    mo.max_batch_tokens = 160;
+    mo.max_sequences = 9;
+    mo.max_context = 1024;
+    auto m = Model::load(model_dir(), mo);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  // The oracle: every token the engine emitted must be a greedy choice of the model given the
+  // prompt and the tokens before it, recomputed in one prefill. Different numerics paths
+  // (batched or solo, decode or prefill, recomputed after preemption) differ by ~1e-2 in the
+  // logits and random weights have near-ties, so "greedy" means within `eps` of the best logit;
+  // a corrupt cache, a wrong position or a lost token breaks it by whole units.
+  static int greedy_violations(Model& m, std::vector<int32_t> prompt, const std::vector<int32_t>& out, float eps = 0.05f) {
+    if (out.empty()) return 0;
+    const size_t p = prompt.size();
+    prompt.insert(prompt.end(), out.begin(), out.end() - 1);
+    auto logits = run_sequence_logits(m, prompt, RunMode::kPrefill);
+    EXPECT_TRUE(logits.ok());
+    if (!logits.ok()) return 1 << 20;
+    const int64_t V = m.config().vocab_size;
+    int bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float* row = logits->data() + static_cast<int64_t>(p - 1 + i) * V;
+      const float best = *std::max_element(row, row + V);
+      if (row[out[i]] < best - eps) ++bad;
+    }
+    return bad;
+  }
+
+  static std::vector<int32_t> prompt(int n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (auto& t : p) t = static_cast<int32_t>(3 + rng.below(3000));
+    return p;
+  }
+
+  struct Outcome {
+    std::vector<int32_t> tokens;
+    std::string text;
+    FinishReason finish = FinishReason::kNone;
+    Usage usage;
+  };
+
+  static Outcome drain(const std::shared_ptr<RequestStream>& s) {
+    Outcome o;
+    while (true) {
+      auto ev = s->next(60000);
+      EXPECT_TRUE(ev.has_value()) << "no event for 60 s";
+      if (!ev) return o;
+      o.tokens.insert(o.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+      o.text += ev->text;
+      if (ev->finish != FinishReason::kNone) {
+        o.finish = ev->finish;
+        o.usage = ev->usage;
+        return o;
+      }
+    }
+  }
+
+  static GenerationRequest greedy_request(std::vector<int32_t> p, int64_t max_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(p);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+};
+
+TEST_F(EngineTest, ConcurrentRequestsUnderPreemptionMatchSoloGreedyRuns) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  EngineOptions eo;
+  eo.max_running = 8;
+  eo.prefill_chunk = 64;
+  // Room for 14 pages of 64 tokens over all layers: 8 sequences of ~150 tokens must preempt.
+  const KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 1);
+  eo.kv_cache_bytes = static_cast<uint64_t>(ko.format.page_bytes()) * static_cast<uint64_t>(ko.n_layers) * 14;
+  auto created = Engine::create(*m, eo);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  std::unique_ptr<Engine> engine = std::move(created).value();
+  Rng rng(77);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 12; ++i) {
+    reqs.push_back(greedy_request(prompt(20 + static_cast<int>(rng.below(100)), 100 + i), 40 + static_cast<int64_t>(rng.below(60))));
+    auto s = engine->submit(reqs.back());
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    streams.push_back(*s);
+  }
+  std::vector<Outcome> got;
+  for (auto& s : streams) got.push_back(drain(s));
+  const EngineMetrics em = engine->metrics();
+  EXPECT_GT(em.preemptions, 0) << "the cache was meant to be too small for everyone at once";
+  engine.reset();  // the engine thread must be gone before the reference runs use the model
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].finish, FinishReason::kLength) << i;
+    EXPECT_EQ(greedy_violations(*m, reqs[i].prompt, got[i].tokens), 0) << "request " << i;
+    EXPECT_EQ(got[i].usage.completion_tokens, reqs[i].max_tokens);
+  }
+}
+
+TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
+  auto m = load();
+  ASSERT_TRUE(m && m->has_mtp());
+  const auto p = prompt(40, 5);
+  std::vector<int32_t> outs[2];
+  for (int spec = 0; spec < 2; ++spec) {
+    EngineOptions eo;
+    eo.max_running = 4;
+    eo.prefill_chunk = 64;
+    eo.kv_cache_bytes = 8 << 20;
+    eo.speculative = spec == 1;
+    auto engine = Engine::create(*m, eo);
+    ASSERT_TRUE(engine.ok());
+    outs[spec] = drain(*(*engine)->submit(greedy_request(p, 40))).tokens;
+    if (spec) {
+      const EngineMetrics em = (*engine)->metrics();
+      EXPECT_GT(em.spec_drafted, 10);
+    }
+  }
+  EXPECT_EQ(outs[0].size(), 40u);
+  EXPECT_EQ(outs[1].size(), 40u);
+  EXPECT_EQ(greedy_violations(*m, p, outs[0]), 0) << "without speculation";
+  EXPECT_EQ(greedy_violations(*m, p, outs[1]), 0) << "with speculation";
+}
+
+TEST_F(EngineTest, PrefixCacheSkipsSharedPagesAndKeepsOutputs) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  EngineOptions eo;
+  eo.max_running = 4;
+  eo.prefill_chunk = 64;
+  eo.kv_cache_bytes = 8 << 20;
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok());
+  const auto shared = prompt(200, 6);
+  auto a_prompt = shared, b_prompt = shared;
+  a_prompt.push_back(11);
+  b_prompt.push_back(12);
+  const Outcome a = drain(*(*engine)->submit(greedy_request(a_prompt, 6)));
+  const Outcome b = drain(*(*engine)->submit(greedy_request(b_prompt, 6)));
+  engine = internal_error("stopped");  // the engine thread must be gone before the reference runs
+  EXPECT_EQ(a.usage.cached_tokens, 0);
+  EXPECT_EQ(b.usage.cached_tokens, 192);  // three full pages of the shared 200 tokens
+  EXPECT_EQ(greedy_violations(*m, b_prompt, b.tokens), 0);
+}
+
+TEST_F(EngineTest, CancelledRequestsFreeTheirPages) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  EngineOptions eo;
+  eo.max_running = 4;
+  eo.kv_cache_bytes = 8 << 20;
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok());
+  auto s = *(*engine)->submit(greedy_request(prompt(100, 8), 900));
+  auto first = s->next(60000);
+  ASSERT_TRUE(first.has_value());
+  s->cancel();
+  const Outcome rest = drain(s);
+  EXPECT_EQ(rest.finish, FinishReason::kCancelled);
+  EngineMetrics em;
+  for (int i = 0; i < 100; ++i) {
+    em = (*engine)->metrics();
+    if (em.kv.pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(em.kv.pages_used, 0);
+  EXPECT_EQ(em.requests_cancelled, 1);
+}
+
+TEST_F(EngineTest, StopStringsCutTheOutputAndSeedsReproduce) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  EngineOptions eo;
+  eo.max_running = 8;
+  eo.kv_cache_bytes = 8 << 20;
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  GenerationRequest r = greedy_request(prompt(30, 9), 40);
+  r.sampling.temperature = 0.9f;
+  r.sampling.seed = 1234;
+  const Outcome full = drain(*(*engine)->submit(r));
+  const Outcome again = drain(*(*engine)->submit(r));
+  EXPECT_EQ(full.tokens, again.tokens) << "same seed, same tokens";
+  ASSERT_GT(full.text.size(), 12u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  r.stop = {stop};
+  const Outcome cut = drain(*(*engine)->submit(r));
+  EXPECT_EQ(cut.finish, FinishReason::kStop);
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+}
+
+TEST_F(EngineTest, RejectsWhatCannotRun) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  EngineOptions eo;
+  eo.max_running = 8;
+  eo.kv_cache_bytes = 256 << 10;  // five pages of 64 tokens
+  eo.max_waiting = 2;
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->submit(greedy_request(prompt(1024, 1), 4)).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ((*engine)->submit(greedy_request(prompt(500, 1), 4)).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ((*engine)->submit(greedy_request({}, 4)).status().code(), StatusCode::kInvalidArgument);
+  GenerationRequest bad = greedy_request(prompt(5, 1), 4);
+  bad.sampling.top_p = 0;
+  EXPECT_EQ((*engine)->submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fathom

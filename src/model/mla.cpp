@@ -1,0 +1,199 @@
+// MLA attention of one layer for a batch: projections, RoPE, cache writes, then the absorbed
+// form (few new tokens: FlashMLA-style decode over the latent cache) or the naive form (prefill:
+// K/V decompressed per key block, tiled online-softmax attention).
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+#include "model/attention.h"
+#include "model/model_impl.h"
+
+namespace fathom {
+
+Result<MlaDecoder*> Model::Impl::decoder_for(const MlaKvFormat& format) {
+  auto it = decoders.find(static_cast<int>(format.dtype));
+  if (it != decoders.end() && it->second->options().format == format) return it->second.get();
+  MlaDecoderOptions o;
+  o.format = format;
+  o.max_batch = options.max_sequences;
+  o.max_rows = static_cast<int>(kAbsorbThreshold * w->config.num_attention_heads);
+  auto d = TRY(MlaDecoder::create(o));
+  MlaDecoder* raw = d.get();
+  decoders[static_cast<int>(format.dtype)] = std::move(d);
+  return raw;
+}
+
+Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
+  const ModelConfig& c = w->config;
+  const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
+  const int64_t H = c.num_attention_heads, qk = c.qk_head_dim(), kvl = c.kv_lora_rank, rope_d = c.qk_rope_head_dim;
+  const int64_t kvw = kvl + rope_d;
+  ThreadPool& pool = default_pool();
+  // q: [T, H, nope + rope]
+  if (c.q_lora_rank > 0) {
+    mm(L.q_a, s.xn.data(), T, s.q_a.data());
+    rms_norm({.n_rows = T, .dim = c.q_lora_rank, .eps = static_cast<float>(c.rms_norm_eps), .weight_dtype = L.q_a_norm.dtype},
+             s.q_a.data(), L.q_a_norm.data, s.q_a.data(), pool);
+    mm(L.q_b, s.q_a.data(), T, s.q.data());
+  } else {
+    mm(L.q, s.xn.data(), T, s.q.data());
+  }
+  // kv: [T, kv_lora | rope]; the latent normalised, the rope key rotated (one head shared by all).
+  mm(L.kv_a, s.xn.data(), T, s.kv.data());
+  rms_norm({.n_rows = T, .dim = kvl, .eps = static_cast<float>(c.rms_norm_eps), .x_stride = kvw, .y_stride = kvw,
+            .weight_dtype = L.kv_a_norm.dtype},
+           s.kv.data(), L.kv_a_norm.data, s.kv.data(), pool);
+  rope_apply(*rope, {.n_tokens = T, .n_heads = 1, .token_stride = kvw, .head_stride = kvw}, s.positions.data(),
+             s.kv.data() + kvl);
+  rope_apply(*rope, {.n_tokens = T, .n_heads = H, .token_stride = H * qk, .head_stride = qk}, s.positions.data(),
+             s.q.data() + c.qk_nope_head_dim);
+  // Write every new token's latent into this layer's cache pages.
+  std::vector<SeqBatch> absorbed;
+  std::vector<int64_t> absorbed_rows;
+  int64_t row = 0;
+  for (const SeqBatch& b : batch) {
+    TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
+                    std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));
+    if (b.n_new <= kAbsorbThreshold) {
+      absorbed.push_back(b);
+      for (int64_t i = 0; i < b.n_new; ++i) absorbed_rows.push_back(row + i);
+    }
+    row += b.n_new;
+  }
+  row = 0;
+  for (const SeqBatch& b : batch) {
+    if (b.n_new > kAbsorbThreshold) TRY(attention_naive(L, layer, b, row, cache));
+    row += b.n_new;
+  }
+  if (!absorbed.empty()) TRY(attention_absorbed(L, layer, absorbed, absorbed_rows, cache));
+  return {};
+}
+
+// Absorbed form: q_lat = W_UK^T q_nope per head, attention over the latent cache, W_UV after.
+Status Model::Impl::attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
+                                       std::span<const int64_t> rows, KvCache& cache) {
+  const ModelConfig& c = w->config;
+  const int64_t H = c.num_attention_heads, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  const int64_t kvl = c.kv_lora_rank, dqk = kvl + c.qk_rope_head_dim, vd = c.v_head_dim;
+  MlaDecoder* decoder = TRY(decoder_for(cache.format()));
+  const int64_t max_pages = cache.max_pages_per_sequence();
+  // Group sequences by their number of new tokens (the kernel takes one s_q per call).
+  size_t first_row = 0;
+  std::vector<size_t> order(batch.size());
+  std::vector<size_t> row_start(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    order[i] = i;
+    row_start[i] = first_row;
+    first_row += static_cast<size_t>(batch[i].n_new);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return batch[a].n_new < batch[b].n_new; });
+  for (size_t g0 = 0; g0 < order.size();) {
+    size_t g1 = g0;
+    const int64_t s_q = batch[order[g0]].n_new;
+    while (g1 < order.size() && batch[order[g1]].n_new == s_q) ++g1;
+    const int64_t B = static_cast<int64_t>(g1 - g0);
+    const int64_t M = B * s_q;
+    std::vector<SeqId> seqs;
+    for (size_t k = g0; k < g1; ++k) {
+      const SeqBatch& b = batch[order[k]];
+      seqs.push_back(b.seq);
+      for (int64_t i = 0; i < s_q; ++i) {
+        const int64_t src = rows[row_start[order[k]] + static_cast<size_t>(i)];
+        std::memcpy(s.dq.data() + ((k - g0) * static_cast<size_t>(s_q) + static_cast<size_t>(i)) * static_cast<size_t>(H * qk),
+                    s.q.data() + src * H * qk, static_cast<size_t>(H * qk) * 4);
+      }
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const WeightView wuk = TRY(slice_rows(L.w_uk_t, h * kvl, (h + 1) * kvl));
+      mm(wuk, s.dq.data() + h * qk, M, s.dq_abs.data() + h * dqk, {.x_stride = H * qk, .y_stride = H * dqk});
+    }
+    for (int64_t t = 0; t < M; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::memcpy(s.dq_abs.data() + (t * H + h) * dqk + kvl, s.dq.data() + t * H * qk + h * qk + nope,
+                    static_cast<size_t>(c.qk_rope_head_dim) * 4);
+      }
+    }
+    TRY(cache.fill_batch(seqs, max_pages, s.block_tables.data(), s.seqlens.data()));
+    for (size_t k = g0; k < g1; ++k) {
+      const SeqBatch& b = batch[order[k]];
+      s.seqlens[k - g0] = static_cast<int32_t>(b.pos + b.n_new);  // the MTP layer lags the main ones
+    }
+    MlaDecodeParams p;
+    p.q = s.dq_abs.data();
+    p.batch = B;
+    p.s_q = static_cast<int>(s_q);
+    p.heads = static_cast<int>(H);
+    p.d_qk = static_cast<int>(dqk);
+    p.cache = cache.layer_view(static_cast<int>(layer));
+    p.block_table = s.block_tables.data();
+    p.max_pages = max_pages;
+    p.cache_seqlens = s.seqlens.data();
+    p.softmax_scale = softmax_scale;
+    p.causal = s_q > 1;
+    p.out = s.d_olat.data();
+    p.lse = s.d_lse.data();
+    TRY(decoder->decode(p));
+    for (size_t k = g0; k < g1; ++k) {
+      const double keys = static_cast<double>(s.seqlens[k - g0]);
+      stats.attention_flops += 2.0 * static_cast<double>(s_q * H) * keys * static_cast<double>(dqk + kvl);
+      stats.kv_bytes += keys * static_cast<double>(cache.format().token_bytes());
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const WeightView wuv = TRY(slice_rows(L.w_v, h * vd, (h + 1) * vd));
+      mm(wuv, s.d_olat.data() + h * kvl, M, s.d_out.data() + h * vd, {.x_stride = H * kvl, .y_stride = H * vd});
+    }
+    for (size_t k = g0; k < g1; ++k) {
+      for (int64_t i = 0; i < s_q; ++i) {
+        const int64_t dst = rows[row_start[order[k]] + static_cast<size_t>(i)];
+        std::memcpy(s.attn_v.data() + dst * H * vd,
+                    s.d_out.data() + ((k - g0) * static_cast<size_t>(s_q) + static_cast<size_t>(i)) * static_cast<size_t>(H * vd),
+                    static_cast<size_t>(H * vd) * 4);
+      }
+    }
+    g0 = g1;
+  }
+  return {};
+}
+
+// Naive form for one sequence's n_new tokens (queries at rows [row0, row0 + n_new)).
+Status Model::Impl::attention_naive(const LayerWeights& L, int64_t layer, const SeqBatch& b, int64_t row0,
+                                    KvCache& cache) {
+  const ModelConfig& c = w->config;
+  const int64_t H = c.num_attention_heads, qk = c.qk_head_dim(), kvl = c.kv_lora_rank, vd = c.v_head_dim;
+  const int64_t kvw = kvl + c.qk_rope_head_dim;
+  ThreadPool& pool = default_pool();
+  const int64_t n = b.n_new, total = b.pos + b.n_new;
+  attention_state_init(n, static_cast<int>(H), static_cast<int>(vd), s.att_m.data(), s.att_l.data(), s.att_acc.data());
+  for (int64_t k0 = 0; k0 < total; k0 += key_block) {
+    const int64_t kb = std::min(key_block, total - k0);
+    TRY(cache.read(b.seq, static_cast<int>(layer), k0, kb, std::span<float>(s.lat.data(), static_cast<size_t>(kb * kvw))));
+    mm(L.w_k, s.lat.data(), kb, s.k_nope.data(), {.x_stride = kvw});
+    mm(L.w_v, s.lat.data(), kb, s.v.data(), {.x_stride = kvw});
+    PrefillAttentionParams p;
+    p.n_q = n;
+    p.q_pos0 = b.pos;
+    p.heads = static_cast<int>(H);
+    p.d_nope = static_cast<int>(c.qk_nope_head_dim);
+    p.d_rope = static_cast<int>(c.qk_rope_head_dim);
+    p.d_v = static_cast<int>(vd);
+    p.q = s.q.data() + row0 * H * qk;
+    p.k0 = k0;
+    p.n_k = kb;
+    p.k_nope = s.k_nope.data();
+    p.k_pe = s.lat.data() + kvl;
+    p.k_pe_stride = kvw;
+    p.v = s.v.data();
+    p.scale = softmax_scale;
+    p.m = s.att_m.data();
+    p.l = s.att_l.data();
+    p.acc = s.att_acc.data();
+    prefill_attention_block(p, pool);
+    stats.attention_flops += 2.0 * static_cast<double>(n * kb * H) * static_cast<double>(qk + vd);
+    stats.kv_bytes += static_cast<double>(kb) * static_cast<double>(cache.format().token_bytes());
+  }
+  attention_state_finish(n, static_cast<int>(H), static_cast<int>(vd), s.att_l.data(), s.att_acc.data(),
+                         s.attn_v.data() + row0 * H * vd);
+  return {};
+}
+
+}  // namespace fathom

@@ -1,0 +1,71 @@
+// Internal: Model::Impl, shared by the files that implement the forward pass.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/mla_decode.h"
+#include "kernels/moe.h"
+#include "kernels/ops.h"
+#include "kernels/rope.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace fathom {
+
+// Activations and scratch of one forward call, sized once at load from ModelOptions.
+struct Scratch {
+  std::vector<float> x, xn, q_a, q, kv, attn_v, ffn_a, ffn_b, router_logits, gate_w;
+  std::vector<int32_t> gate_ids;
+  std::vector<int64_t> positions;
+  // absorbed (decode) form, gathered over the decode-form tokens
+  std::vector<float> dq, dq_abs, d_olat, d_lse, d_out;
+  std::vector<int32_t> block_tables, seqlens;
+  // naive (prefill) form, one key block at a time
+  std::vector<float> lat, k_nope, v, att_m, att_l, att_acc, att_out;
+  std::vector<float> sel;  // selected rows for the head
+};
+
+struct Model::Impl {
+  // Counts what a forward call reads and computes (for the roofline in benchmarks).
+  ForwardStats stats;
+  void mm(const WeightView& w, const float* x, int64_t m, float* y, const MatmulOptions& o = {}) {
+    stats.weight_bytes += static_cast<double>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.rows * w.cols)));
+    stats.linear_flops += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(m);
+    matmul(w, x, m, y, default_pool(), o);
+  }
+
+  ModelOptions options;
+  std::unique_ptr<ModelWeights> w;
+  std::unique_ptr<Tokenizer> tokenizer;
+  ModelFingerprint fingerprint{};
+  std::unique_ptr<RopeTable> rope;
+  float softmax_scale = 0;
+  int64_t max_context = 0;
+  MoeGateParams gate;
+  MoeExpertsParams experts_params;
+  std::unique_ptr<MoeWorkspace> moe_ws;
+  std::map<int, std::unique_ptr<MlaDecoder>> decoders;  // by KV dtype
+  Scratch s;
+  int64_t key_block = 1024;
+
+  Result<MlaDecoder*> decoder_for(const MlaKvFormat& format);
+  Status check_batch(std::span<const SeqBatch> batch, size_t n_tokens, const KvCache& cache, bool mtp) const;
+  void embed(std::span<const int32_t> tokens, float* out) const;
+  Status layer_forward(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
+  Status attention(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
+  Status attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
+                            std::span<const int64_t> rows, KvCache& cache);
+  Status attention_naive(const LayerWeights& L, int64_t layer, const SeqBatch& b, int64_t row0, KvCache& cache);
+  void ffn(const LayerWeights& L, int64_t n_tokens);
+  void count_experts(const LayerWeights& L, int64_t n_tokens);
+  std::vector<int32_t> expert_used;
+  RoutingTrace* trace = nullptr;
+  int64_t current_layer = 0;
+  void trace_routing(int64_t n_tokens);
+  int64_t select_rows(std::span<const SeqBatch> batch, const float* src, float* dst) const;
+};
+
+}  // namespace fathom

@@ -1,0 +1,71 @@
+// GET /metrics: Prometheus text exposition of the server's and the engine's counters.
+#include <fmt/format.h>
+
+#include "server/server_impl.h"
+
+namespace fathom {
+namespace {
+
+void family(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
+  family(out, name, "histogram", help);
+  int64_t cum = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cum += h.counts[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds[i], cum);
+  }
+  cum += h.counts.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, h.sum, name, h.count);
+}
+
+}  // namespace
+
+std::string Server::Impl::metrics_text() {
+  const EngineMetrics m = engine->metrics();
+  std::string out;
+  family(out, "fathom_requests_total", "counter", "HTTP requests by route and status code.");
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [key, n] : requests) {
+      out += fmt::format("fathom_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
+    }
+  }
+  auto counter = [&](const char* name, const char* help, int64_t v) {
+    family(out, name, "counter", help);
+    out += fmt::format("{} {}\n", name, v);
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    family(out, name, "gauge", help);
+    out += fmt::format("{} {}\n", name, v);
+  };
+  counter("fathom_prompt_tokens_total", "Prompt tokens of admitted requests.", m.prompt_tokens);
+  counter("fathom_prompt_tokens_cached_total", "Prompt tokens served from the prefix cache.", m.cached_prompt_tokens);
+  counter("fathom_generation_tokens_total", "Generated tokens.", m.generated_tokens);
+  counter("fathom_requests_finished_total", "Requests that completed (stop or length).", m.requests_finished);
+  counter("fathom_requests_cancelled_total", "Requests cancelled (client gone).", m.requests_cancelled);
+  counter("fathom_requests_failed_total", "Requests that ended with an error.", m.requests_failed);
+  counter("fathom_preemptions_total", "Sequences preempted to free KV pages (recomputed later).", m.preemptions);
+  counter("fathom_engine_steps_total", "Engine steps (forward calls).", m.steps);
+  counter("fathom_spec_decode_draft_tokens_total", "MTP draft tokens verified.", m.spec_drafted);
+  counter("fathom_spec_decode_accepted_tokens_total", "MTP draft tokens accepted.", m.spec_accepted);
+  gauge("fathom_spec_decode_acceptance_ratio", "Accepted / drafted MTP tokens.",
+        m.spec_drafted ? static_cast<double>(m.spec_accepted) / static_cast<double>(m.spec_drafted) : 0.0);
+  gauge("fathom_num_requests_running", "Sequences in the running batch.", static_cast<double>(m.running));
+  gauge("fathom_num_requests_waiting", "Requests waiting for admission.", static_cast<double>(m.waiting));
+  gauge("fathom_kv_cache_pages_total", "KV cache pages.", static_cast<double>(m.kv.pages_total));
+  gauge("fathom_kv_cache_pages_used", "KV cache pages referenced by sequences.", static_cast<double>(m.kv.pages_used));
+  gauge("fathom_kv_cache_pages_cached", "Unreferenced cached pages (prefix cache, evictable).", static_cast<double>(m.kv.pages_cached));
+  gauge("fathom_kv_cache_usage_ratio", "Used / total KV pages.",
+        m.kv.pages_total ? static_cast<double>(m.kv.pages_used) / static_cast<double>(m.kv.pages_total) : 0.0);
+  counter("fathom_prefix_cache_hit_pages_total", "Pages attached from the prefix cache.", m.kv.prefix_hit_pages);
+  gauge("fathom_prefix_cache_hit_ratio", "Cached prompt tokens / prompt tokens.",
+        m.prompt_tokens ? static_cast<double>(m.cached_prompt_tokens) / static_cast<double>(m.prompt_tokens) : 0.0);
+  histogram(out, "fathom_time_to_first_token_seconds", "Time from request to first token.", m.ttft);
+  histogram(out, "fathom_inter_token_latency_seconds", "Time between tokens of a stream.", m.itl);
+  return out;
+}
+
+}  // namespace fathom
