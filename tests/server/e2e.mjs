@@ -171,6 +171,17 @@ await check('malformed tool-call markup never crashes the server (streamed and n
   assert.equal((await raw('GET', '/health')).status, 200);
 });
 
+await check('free-running random output with tools (special tokens kept) streams to a finish', async () => {
+  for (let seed = 1; seed <= 6; ++seed) {
+    const s = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools, stream: true,
+                                                    temperature: 1.5, seed, max_tokens: 300 });
+    let finish = null;
+    for await (const chunk of s) if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    assert.ok(['stop', 'length', 'tool_calls'].includes(finish), `seed ${seed}`);
+  }
+  assert.equal((await raw('GET', '/health')).status, 200);
+});
+
 await check('a call cut off by max_tokens comes back as plain content with finish_reason length', async () => {
   const r = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools, max_tokens: 8,
                                                    fathom_test_output: CALL });
