@@ -31,9 +31,11 @@ run gemm_bf16 "$BIN" bench gemm --dtype bf16 --json
 run gemm_fp8 "$BIN" bench gemm --dtype fp8 --json
 run gemm_q8_0 "$BIN" bench gemm --dtype q8_0 --json
 run moe_fp8 "$BIN" bench moe --dtype fp8 --json
-run mla_bf16_h16 "$BIN" bench mla --batch 32 --seqlen 4096 --heads 16 --kv-dtype bf16 --json
-run mla_fp8_h16 "$BIN" bench mla --batch 32 --seqlen 4096 --heads 16 --kv-dtype fp8 --json
-run mla_bf16_h128 "$BIN" bench mla --batch 4 --seqlen 4096 --heads 128 --kv-dtype bf16 --json
+for h in 16 128; do
+  for d in bf16 fp8; do
+    run mla_${d}_h$h "$BIN" bench mla --batch 32 --seqlen 4096 --heads $h --kv-dtype $d --json
+  done
+done
 run tokenize "$BIN" bench tokenize --json
 run agent "$BIN" bench agent --json
 run store "$BIN" bench store --json
