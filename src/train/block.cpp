@@ -62,10 +62,11 @@ void block_backward_weight(const ParamLayout& layout, BlockContext<T>& ctx, Laye
   rmsnorm_backward_weight(ctx.attn_norm, ctx.dxn_attn.data(), g.attn_norm);
 }
 
-#define FATHOM_BLOCK_INSTANTIATE(T)                                                                             \
-  template void block_forward<T>(const ParamLayout&, const LayerParams<T>&, int64_t, SeqShape,                  \
-                                 const TrainOptions&, T*, BlockContext<T>&);                                    \
-  template void block_backward_input<T>(const ParamLayout&, const LayerParams<T>&, double, T*, BlockContext<T>&); \
+#define FATHOM_BLOCK_INSTANTIATE(T)                                                            \
+  template void block_forward<T>(const ParamLayout&, const LayerParams<T>&, int64_t, SeqShape, \
+                                 const TrainOptions&, T*, BlockContext<T>&);                   \
+  template void block_backward_input<T>(const ParamLayout&, const LayerParams<T>&, double, T*, \
+                                        BlockContext<T>&);                                     \
   template void block_backward_weight<T>(const ParamLayout&, BlockContext<T>&, LayerParams<T>&);
 FATHOM_BLOCK_INSTANTIATE(float)
 FATHOM_BLOCK_INSTANTIATE(double)

@@ -34,7 +34,9 @@ inline T dot(int64_t n, const T* __restrict a, const T* __restrict b) {
   return (s0 + s1) + (s2 + s3);
 }
 
-int64_t grain_rows(int64_t n, int64_t k) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n * k / 64)); }
+int64_t grain_rows(int64_t n, int64_t k) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n * k / 64));
+}
 
 }  // namespace
 
@@ -93,29 +95,32 @@ template <class T>
 void gemm_nn_ref(int64_t m, int64_t n, int64_t k, const T* a, const T* b, double* c) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) c[i * n + j] += static_cast<double>(a[i * k + p]) * static_cast<double>(b[p * n + j]);
+      for (int64_t p = 0; p < k; ++p)
+        c[i * n + j] += static_cast<double>(a[i * k + p]) * static_cast<double>(b[p * n + j]);
 }
 
 template <class T>
 void gemm_tn_ref(int64_t m, int64_t n, int64_t k, const T* a, const T* b, double* c) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) c[i * n + j] += static_cast<double>(a[p * m + i]) * static_cast<double>(b[p * n + j]);
+      for (int64_t p = 0; p < k; ++p)
+        c[i * n + j] += static_cast<double>(a[p * m + i]) * static_cast<double>(b[p * n + j]);
 }
 
 template <class T>
 void gemm_nt_ref(int64_t m, int64_t n, int64_t k, const T* a, const T* b, double* c) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) c[i * n + j] += static_cast<double>(a[i * k + p]) * static_cast<double>(b[j * k + p]);
+      for (int64_t p = 0; p < k; ++p)
+        c[i * n + j] += static_cast<double>(a[i * k + p]) * static_cast<double>(b[j * k + p]);
 }
 
-#define FATHOM_GEMM_INSTANTIATE(T)                                                        \
-  template void gemm_nn<T>(int64_t, int64_t, int64_t, const T*, const T*, T*, bool);      \
-  template void gemm_tn<T>(int64_t, int64_t, int64_t, const T*, const T*, T*);            \
-  template void gemm_nt<T>(int64_t, int64_t, int64_t, const T*, const T*, T*, bool);      \
-  template void gemm_nn_ref<T>(int64_t, int64_t, int64_t, const T*, const T*, double*);   \
-  template void gemm_tn_ref<T>(int64_t, int64_t, int64_t, const T*, const T*, double*);   \
+#define FATHOM_GEMM_INSTANTIATE(T)                                                      \
+  template void gemm_nn<T>(int64_t, int64_t, int64_t, const T*, const T*, T*, bool);    \
+  template void gemm_tn<T>(int64_t, int64_t, int64_t, const T*, const T*, T*);          \
+  template void gemm_nt<T>(int64_t, int64_t, int64_t, const T*, const T*, T*, bool);    \
+  template void gemm_nn_ref<T>(int64_t, int64_t, int64_t, const T*, const T*, double*); \
+  template void gemm_tn_ref<T>(int64_t, int64_t, int64_t, const T*, const T*, double*); \
   template void gemm_nt_ref<T>(int64_t, int64_t, int64_t, const T*, const T*, double*);
 FATHOM_GEMM_INSTANTIATE(float)
 FATHOM_GEMM_INSTANTIATE(double)

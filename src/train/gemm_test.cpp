@@ -17,7 +17,8 @@ void check_all(int64_t m, int64_t n, int64_t k, Rng& rng, double tol) {
   }
   auto compare = [&](const char* what, const std::vector<double>& ref) {
     for (size_t i = 0; i < c.size(); ++i) {
-      ASSERT_NEAR(static_cast<double>(c[i]), ref[i], tol * static_cast<double>(k + 1)) << what << " m=" << m << " n=" << n << " k=" << k;
+      ASSERT_NEAR(static_cast<double>(c[i]), ref[i], tol * static_cast<double>(k + 1))
+          << what << " m=" << m << " n=" << n << " k=" << k;
     }
   };
   std::vector<double> ref(c.size());
@@ -46,7 +47,8 @@ void check_all(int64_t m, int64_t n, int64_t k, Rng& rng, double tol) {
 
 TEST(TrainGemm, BlockedKernelsMatchFloat64ReferencesOnOddShapes) {
   Rng rng(testing::fresh_seed("TrainGemm"));
-  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 130, 65}, {64, 513, 70}, {129, 33, 257}, {2, 1030, 3}};
+  const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {17, 130, 65},
+                               {64, 513, 70}, {129, 33, 257}, {2, 1030, 3}};
   for (const auto& s : shapes) {
     check_all<float>(s[0], s[1], s[2], rng, 2e-7);
     check_all<double>(s[0], s[1], s[2], rng, 1e-15);

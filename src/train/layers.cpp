@@ -24,7 +24,8 @@ void linear_forward(const T* x, const T* w, int64_t m, int64_t in, int64_t out, 
 }
 
 template <class T>
-void linear_backward_input(const T* dy, const T* w, int64_t m, int64_t in, int64_t out, T* dx, bool accumulate) {
+void linear_backward_input(const T* dy, const T* w, int64_t m, int64_t in, int64_t out, T* dx,
+                           bool accumulate) {
   gemm_nn(m, in, out, dy, w, dx, accumulate);
 }
 
@@ -51,7 +52,8 @@ void embedding_backward_weight(const T* dx, int64_t dim, std::span<const int32_t
 }
 
 template <class T>
-void rmsnorm_forward(const T* x, const T* g, int64_t n, int64_t dim, double eps, T* y, RmsNormContext<T>& ctx) {
+void rmsnorm_forward(const T* x, const T* g, int64_t n, int64_t dim, double eps, T* y,
+                     RmsNormContext<T>& ctx) {
   ctx.n = n;
   ctx.dim = dim;
   ctx.xhat.resize(static_cast<size_t>(n * dim));
@@ -97,8 +99,8 @@ void rmsnorm_backward_weight(const RmsNormContext<T>& ctx, const T* dy, T* dg) {
 }
 
 template <class T>
-double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab, std::span<const int32_t> targets,
-                                      double loss_scale, T* dlogits) {
+double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab,
+                                      std::span<const int32_t> targets, double loss_scale, T* dlogits) {
   CHECK(static_cast<int64_t>(targets.size()) == n);
   int64_t n_valid = 0;
   for (int32_t t : targets) {
@@ -121,15 +123,16 @@ double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab,
     total += lse - static_cast<double>(lr[tgt]);
     if (dr == nullptr) continue;
     const double k = loss_scale / static_cast<double>(n_valid);
-    for (int64_t v = 0; v < vocab; ++v) dr[v] = static_cast<T>(std::exp(static_cast<double>(lr[v]) - lse) * k);
+    for (int64_t v = 0; v < vocab; ++v)
+      dr[v] = static_cast<T>(std::exp(static_cast<double>(lr[v]) - lse) * k);
     dr[tgt] -= static_cast<T>(k);
   }
   return n_valid > 0 ? total / static_cast<double>(n_valid) : 0.0;
 }
 
 template <class T>
-void swiglu_forward(const T* x, const T* wg, const T* wu, const T* wd, int64_t m, int64_t hidden, int64_t inter,
-                    T* y, SwigluContext<T>& ctx) {
+void swiglu_forward(const T* x, const T* wg, const T* wu, const T* wd, int64_t m, int64_t hidden,
+                    int64_t inter, T* y, SwigluContext<T>& ctx) {
   ctx.m = m;
   ctx.hidden = hidden;
   ctx.inter = inter;
@@ -172,20 +175,21 @@ void swiglu_backward_weight(const SwigluContext<T>& ctx, T* dwg, T* dwu, T* dwd)
   linear_backward_weight(ctx.du.data(), ctx.x.data(), ctx.m, ctx.hidden, ctx.inter, dwu);
 }
 
-#define FATHOM_LAYERS_INSTANTIATE(T)                                                                            \
-  template void linear_forward<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);                           \
-  template void linear_backward_input<T>(const T*, const T*, int64_t, int64_t, int64_t, T*, bool);              \
-  template void linear_backward_weight<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);                   \
-  template void embedding_forward<T>(const T*, int64_t, std::span<const int32_t>, T*);                          \
-  template void embedding_backward_weight<T>(const T*, int64_t, std::span<const int32_t>, T*);                  \
-  template void rmsnorm_forward<T>(const T*, const T*, int64_t, int64_t, double, T*, RmsNormContext<T>&);       \
-  template void rmsnorm_backward_input<T>(const RmsNormContext<T>&, const T*, const T*, T*, bool);              \
-  template void rmsnorm_backward_weight<T>(const RmsNormContext<T>&, const T*, T*);                             \
-  template double cross_entropy_forward_backward<T>(const T*, int64_t, int64_t, std::span<const int32_t>,       \
-                                                    double, T*);                                                \
-  template void swiglu_forward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, T*,        \
-                                  SwigluContext<T>&);                                                           \
-  template void swiglu_backward_input<T>(SwigluContext<T>&, const T*, const T*, const T*, const T*, T*, bool);  \
+#define FATHOM_LAYERS_INSTANTIATE(T)                                                                      \
+  template void linear_forward<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);                     \
+  template void linear_backward_input<T>(const T*, const T*, int64_t, int64_t, int64_t, T*, bool);        \
+  template void linear_backward_weight<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);             \
+  template void embedding_forward<T>(const T*, int64_t, std::span<const int32_t>, T*);                    \
+  template void embedding_backward_weight<T>(const T*, int64_t, std::span<const int32_t>, T*);            \
+  template void rmsnorm_forward<T>(const T*, const T*, int64_t, int64_t, double, T*, RmsNormContext<T>&); \
+  template void rmsnorm_backward_input<T>(const RmsNormContext<T>&, const T*, const T*, T*, bool);        \
+  template void rmsnorm_backward_weight<T>(const RmsNormContext<T>&, const T*, T*);                       \
+  template double cross_entropy_forward_backward<T>(const T*, int64_t, int64_t, std::span<const int32_t>, \
+                                                    double, T*);                                          \
+  template void swiglu_forward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, T*,  \
+                                  SwigluContext<T>&);                                                     \
+  template void swiglu_backward_input<T>(SwigluContext<T>&, const T*, const T*, const T*, const T*, T*,   \
+                                         bool);                                                           \
   template void swiglu_backward_weight<T>(const SwigluContext<T>&, T*, T*, T*);
 FATHOM_LAYERS_INSTANTIATE(float)
 FATHOM_LAYERS_INSTANTIATE(double)

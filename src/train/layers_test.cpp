@@ -25,14 +25,17 @@ void randomize(ModelParams<double>& p, Rng& rng) {
   init_params(p, rng.next_u64(), 1.5);
   for (const ParamInfo& info : p.layout->params) {
     double* v = p.at(info);
-    if (info.role == WeightRole::kNorm) for (int64_t i = 0; i < info.size; ++i) v[i] = 1.0 + 0.3 * (2 * rng.uniform() - 1);
-    if (info.role == WeightRole::kBias) for (int64_t i = 0; i < info.size; ++i) v[i] = 0.1 * (2 * rng.uniform() - 1);
+    if (info.role == WeightRole::kNorm)
+      for (int64_t i = 0; i < info.size; ++i) v[i] = 1.0 + 0.3 * (2 * rng.uniform() - 1);
+    if (info.role == WeightRole::kBias)
+      for (int64_t i = 0; i < info.size; ++i) v[i] = 0.1 * (2 * rng.uniform() - 1);
   }
 }
 
 // FD-checks the trainable weights of `layer` whose logical weight is in `which` (empty: all).
-void expect_param_grads(const std::string& what, ModelParams<double>& p, const ModelParams<double>& g, int64_t layer,
-                        const std::set<LayerWeight>& which, const std::function<double()>& loss, Rng& rng) {
+void expect_param_grads(const std::string& what, ModelParams<double>& p, const ModelParams<double>& g,
+                        int64_t layer, const std::set<LayerWeight>& which,
+                        const std::function<double()>& loss, Rng& rng) {
   int checked = 0;
   for (const ParamInfo& info : p.layout->params) {
     if (info.layer != layer || !info.trainable || (!which.empty() && !which.count(info.weight))) continue;
@@ -67,10 +70,13 @@ TEST(TrainLayers, EmbeddingRmsNormAndCrossEntropyBackwardsMatchFiniteDifferences
   fill_uniform(table, rng);
   fill_uniform(r, rng);
   embedding_backward_weight(r.data(), dim, std::span<const int32_t>(tokens), dtable.data());
-  expect_grad("dtable", [&] {
-    embedding_forward(table.data(), dim, std::span<const int32_t>(tokens), y.data());
-    return dot(r, y.data());
-  }, table.data(), dtable.data(), vocab * dim, 64, rng);
+  expect_grad(
+      "dtable",
+      [&] {
+        embedding_forward(table.data(), dim, std::span<const int32_t>(tokens), y.data());
+        return dot(r, y.data());
+      },
+      table.data(), dtable.data(), vocab * dim, 64, rng);
 
   Vec x(n * dim), g(dim), dx(n * dim), dg(dim, 0.0);
   fill_uniform(x, rng, 2.0);
@@ -91,11 +97,15 @@ TEST(TrainLayers, EmbeddingRmsNormAndCrossEntropyBackwardsMatchFiniteDifferences
   Vec logits(n * vocab), dlogits(n * vocab);
   fill_uniform(logits, rng, 3.0);
   const double scale = 0.7;
-  const double loss0 = cross_entropy_forward_backward<double>(logits.data(), n, vocab, targets, scale, dlogits.data());
+  const double loss0 =
+      cross_entropy_forward_backward<double>(logits.data(), n, vocab, targets, scale, dlogits.data());
   EXPECT_GT(loss0, 0.0);
-  expect_grad("dlogits", [&] {
-    return scale * cross_entropy_forward_backward<double>(logits.data(), n, vocab, targets, 1.0, nullptr);
-  }, logits.data(), dlogits.data(), n * vocab, 200, rng);
+  expect_grad(
+      "dlogits",
+      [&] {
+        return scale * cross_entropy_forward_backward<double>(logits.data(), n, vocab, targets, 1.0, nullptr);
+      },
+      logits.data(), dlogits.data(), n * vocab, 200, rng);
   for (int64_t v = 0; v < vocab; ++v) EXPECT_EQ(dlogits[vocab + v], 0.0) << "ignored target row";
 }
 
@@ -144,8 +154,8 @@ void check_mla(bool q_lora) {
   mla_backward_weight(c, ctx, g.layers[0]);
   expect_grad("MLA dx", loss, x.data(), dx.data(), n * hd, 48, rng);
   expect_param_grads("MLA", p, g, 0,
-                     {LayerWeight::kQA, LayerWeight::kQANorm, LayerWeight::kQB, LayerWeight::kQ, LayerWeight::kKvA,
-                      LayerWeight::kKvANorm, LayerWeight::kKvB, LayerWeight::kO},
+                     {LayerWeight::kQA, LayerWeight::kQANorm, LayerWeight::kQB, LayerWeight::kQ,
+                      LayerWeight::kKvA, LayerWeight::kKvANorm, LayerWeight::kKvB, LayerWeight::kO},
                      loss, rng);
   // Causality: the output of the first token of each sequence depends on nothing after it.
   loss();  // y of the unperturbed weights (the checks above left y at a perturbed point)
@@ -154,13 +164,18 @@ void check_mla(bool q_lora) {
   loss();
   for (int64_t t = 0; t < n; ++t) {
     bool changed = false;
-    for (int64_t d = 0; d < hd; ++d) changed |= y[static_cast<size_t>(t * hd + d)] != y0[static_cast<size_t>(t * hd + d)];
+    for (int64_t d = 0; d < hd; ++d)
+      changed |= y[static_cast<size_t>(t * hd + d)] != y0[static_cast<size_t>(t * hd + d)];
     EXPECT_EQ(changed, t == 5) << "token " << t;  // only the perturbed token's own output moves
   }
 }
 
-TEST(TrainLayers, MlaWithQLoraBackwardMatchesFiniteDifferences) { check_mla(true); }
-TEST(TrainLayers, MlaWithQProjBackwardMatchesFiniteDifferences) { check_mla(false); }
+TEST(TrainLayers, MlaWithQLoraBackwardMatchesFiniteDifferences) {
+  check_mla(true);
+}
+TEST(TrainLayers, MlaWithQProjBackwardMatchesFiniteDifferences) {
+  check_mla(false);
+}
 
 TEST(TrainLayers, MoeBackwardWithBalanceLossMatchesFiniteDifferences) {
   Rng rng(testing::fresh_seed("MoE"));
@@ -252,9 +267,15 @@ void check_block(int64_t layer) {
   expect_param_grads("block", p, g, layer, {}, loss, rng);
 }
 
-TEST(TrainLayers, DenseBlockBackwardMatchesFiniteDifferences) { check_block(0); }
-TEST(TrainLayers, MoeBlockBackwardMatchesFiniteDifferences) { check_block(1); }
-TEST(TrainLayers, MtpLayerBlockBackwardMatchesFiniteDifferences) { check_block(2); }
+TEST(TrainLayers, DenseBlockBackwardMatchesFiniteDifferences) {
+  check_block(0);
+}
+TEST(TrainLayers, MoeBlockBackwardMatchesFiniteDifferences) {
+  check_block(1);
+}
+TEST(TrainLayers, MtpLayerBlockBackwardMatchesFiniteDifferences) {
+  check_block(2);
+}
 
 // DualPipe runs W (weight gradients) later than B: deferring every W to after all B must give
 // bit-identical gradients to running each W right after its B.

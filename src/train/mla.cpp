@@ -18,9 +18,18 @@ namespace {
 struct Dims {
   int64_t n, S, hd, H, nope, rd, qk, kvl, vd, qr, kvw, kvbw;
   explicit Dims(const ModelConfig& c, SeqShape s)
-      : n(s.tokens()), S(s.seq_len), hd(c.hidden_size), H(c.num_attention_heads), nope(c.qk_nope_head_dim),
-        rd(c.qk_rope_head_dim), qk(nope + rd), kvl(c.kv_lora_rank), vd(c.v_head_dim), qr(c.q_lora_rank),
-        kvw(kvl + rd), kvbw(nope + vd) {}
+      : n(s.tokens()),
+        S(s.seq_len),
+        hd(c.hidden_size),
+        H(c.num_attention_heads),
+        nope(c.qk_nope_head_dim),
+        rd(c.qk_rope_head_dim),
+        qk(nope + rd),
+        kvl(c.kv_lora_rank),
+        vd(c.v_head_dim),
+        qr(c.q_lora_rank),
+        kvw(kvl + rd),
+        kvbw(nope + vd) {}
 };
 
 template <class T>
@@ -90,7 +99,8 @@ void attention_forward(const Dims& d, double scale, MlaContext<T>& ctx) {
         for (int64_t j = 0; j <= i; ++j) {
           const int64_t tj = s * S + j;
           const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
-          pr[j] = static_cast<T>(scale) * (dot(q, k, d.nope) + dot(q + d.nope, ctx.kpe.data() + tj * d.rd, d.rd));
+          pr[j] =
+              static_cast<T>(scale) * (dot(q, k, d.nope) + dot(q + d.nope, ctx.kpe.data() + tj * d.rd, d.rd));
         }
         const T mx = *std::max_element(pr, pr + i + 1);
         T sum = 0;
@@ -150,12 +160,15 @@ void attention_backward(const Dims& d, double scale, MlaContext<T>& ctx) {
   }
 }
 
-float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+float round_bf16(float v) {
+  return bf16_to_f32(f32_to_bf16(v));
+}
 
 }  // namespace
 
 template <class T>
-void mla_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, const T* x, T* y, MlaContext<T>& ctx) {
+void mla_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, const T* x, T* y,
+                 MlaContext<T>& ctx) {
   const Dims d(c, shape);
   ctx.shape = shape;
   ensure_rope(c, d.S, ctx);
@@ -179,7 +192,8 @@ void mla_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, 
     std::copy_n(ctx.kv.data() + t * d.kvw + d.kvl, d.rd, ctx.kpe.data() + t * d.rd);
     const int64_t pos = t % d.S;
     rope(ctx, d.rd, pos, false, ctx.kpe.data() + t * d.rd);
-    for (int64_t h = 0; h < d.H; ++h) rope(ctx, d.rd, pos, false, ctx.q.data() + (t * d.H + h) * d.qk + d.nope);
+    for (int64_t h = 0; h < d.H; ++h)
+      rope(ctx, d.rd, pos, false, ctx.q.data() + (t * d.H + h) * d.qk + d.nope);
   }
   rmsnorm_forward(ctx.lat.data(), p.kv_a_norm, d.n, d.kvl, c.rms_norm_eps, ctx.lat.data(), ctx.kv_norm);
   if (ctx.round_latent_bf16) {
@@ -193,7 +207,8 @@ void mla_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, 
 }
 
 template <class T>
-void mla_backward_input(const ModelConfig& c, const LayerParams<T>& p, const T* dy, T* dx, MlaContext<T>& ctx) {
+void mla_backward_input(const ModelConfig& c, const LayerParams<T>& p, const T* dy, T* dx,
+                        MlaContext<T>& ctx) {
   const Dims d(c, ctx.shape);
   ctx.dout.assign(dy, dy + d.n * d.hd);
   ctx.scratch.resize(static_cast<size_t>(d.n * d.H * d.vd));
@@ -206,13 +221,15 @@ void mla_backward_input(const ModelConfig& c, const LayerParams<T>& p, const T* 
   for (int64_t t = 0; t < d.n; ++t) {
     const int64_t pos = t % d.S;
     rope(ctx, d.rd, pos, true, ctx.dkv.data() + t * d.kvw + d.kvl);
-    for (int64_t h = 0; h < d.H; ++h) rope(ctx, d.rd, pos, true, ctx.dq.data() + (t * d.H + h) * d.qk + d.nope);
+    for (int64_t h = 0; h < d.H; ++h)
+      rope(ctx, d.rd, pos, true, ctx.dq.data() + (t * d.H + h) * d.qk + d.nope);
   }
   ctx.dlat.resize(static_cast<size_t>(d.n * d.kvl));
   linear_backward_input(ctx.dkvb.data(), p.kv_b, d.n, d.kvl, d.H * d.kvbw, ctx.dlat.data(), false);
   ctx.scratch.resize(static_cast<size_t>(d.n * d.kvl));
   rmsnorm_backward_input(ctx.kv_norm, p.kv_a_norm, ctx.dlat.data(), ctx.scratch.data(), false);
-  for (int64_t t = 0; t < d.n; ++t) std::copy_n(ctx.scratch.data() + t * d.kvl, d.kvl, ctx.dkv.data() + t * d.kvw);
+  for (int64_t t = 0; t < d.n; ++t)
+    std::copy_n(ctx.scratch.data() + t * d.kvl, d.kvl, ctx.dkv.data() + t * d.kvw);
   linear_backward_input(ctx.dkv.data(), p.kv_a, d.n, d.hd, d.kvw, dx, false);
   if (d.qr > 0) {
     ctx.dqan.resize(static_cast<size_t>(d.n * d.qr));
@@ -241,9 +258,11 @@ void mla_backward_weight(const ModelConfig& c, const MlaContext<T>& ctx, LayerPa
   }
 }
 
-#define FATHOM_MLA_INSTANTIATE(T)                                                                                  \
-  template void mla_forward<T>(const ModelConfig&, const LayerParams<T>&, SeqShape, const T*, T*, MlaContext<T>&); \
-  template void mla_backward_input<T>(const ModelConfig&, const LayerParams<T>&, const T*, T*, MlaContext<T>&);    \
+#define FATHOM_MLA_INSTANTIATE(T)                                                                 \
+  template void mla_forward<T>(const ModelConfig&, const LayerParams<T>&, SeqShape, const T*, T*, \
+                               MlaContext<T>&);                                                   \
+  template void mla_backward_input<T>(const ModelConfig&, const LayerParams<T>&, const T*, T*,    \
+                                      MlaContext<T>&);                                            \
   template void mla_backward_weight<T>(const ModelConfig&, const MlaContext<T>&, LayerParams<T>&);
 FATHOM_MLA_INSTANTIATE(float)
 FATHOM_MLA_INSTANTIATE(double)

@@ -24,7 +24,8 @@ Status check_batch(const ModelConfig& c, SeqShape shape, std::span<const int32_t
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
-      return out_of_range("train: token {} at index {} is outside the vocabulary [0, {})", tokens[i], i, c.vocab_size);
+      return out_of_range("train: token {} at index {} is outside the vocabulary [0, {})", tokens[i], i,
+                          c.vocab_size);
     }
     if (targets[i] < -1 || targets[i] >= c.vocab_size) {
       return out_of_range("train: target {} at index {} is outside [-1, {})", targets[i], i, c.vocab_size);
@@ -57,9 +58,11 @@ double mtp_forward(const ModelParams<T>& params, const TrainOptions& options, Mo
   ctx.mtp_dtmp.resize(static_cast<size_t>(nm * hd));
   ctx.mtp_cat.resize(static_cast<size_t>(nm * 2 * hd));
   rmsnorm_forward(ctx.mtp_emb.data(), L.enorm, nm, hd, c.rms_norm_eps, ctx.mtp_dtmp.data(), ctx.enorm);
-  for (int64_t t = 0; t < nm; ++t) std::copy_n(ctx.mtp_dtmp.data() + t * hd, hd, ctx.mtp_cat.data() + t * 2 * hd);
+  for (int64_t t = 0; t < nm; ++t)
+    std::copy_n(ctx.mtp_dtmp.data() + t * hd, hd, ctx.mtp_cat.data() + t * 2 * hd);
   rmsnorm_forward(ctx.mtp_hin.data(), L.hnorm, nm, hd, c.rms_norm_eps, ctx.mtp_dtmp.data(), ctx.hnorm);
-  for (int64_t t = 0; t < nm; ++t) std::copy_n(ctx.mtp_dtmp.data() + t * hd, hd, ctx.mtp_cat.data() + t * 2 * hd + hd);
+  for (int64_t t = 0; t < nm; ++t)
+    std::copy_n(ctx.mtp_dtmp.data() + t * hd, hd, ctx.mtp_cat.data() + t * 2 * hd + hd);
   ctx.mtp_x.resize(static_cast<size_t>(nm * hd));
   linear_forward(ctx.mtp_cat.data(), L.eh_proj, nm, 2 * hd, hd, ctx.mtp_x.data());
   block_forward(layout, L, c.num_hidden_layers, ctx.mtp_shape, options, ctx.mtp_x.data(), ctx.mtp_block);
@@ -80,7 +83,8 @@ void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double los
   LayerParams<T>& GL = g.layers.back();
   const int64_t hd = c.hidden_size, S = ctx.shape.seq_len, V = c.vocab_size, nm = ctx.mtp_shape.tokens();
   ctx.mtp_dlogits.resize(static_cast<size_t>(nm * V));
-  cross_entropy_forward_backward<T>(ctx.mtp_logits.data(), nm, V, ctx.mtp_targets, scale, ctx.mtp_dlogits.data());
+  cross_entropy_forward_backward<T>(ctx.mtp_logits.data(), nm, V, ctx.mtp_targets, scale,
+                                    ctx.mtp_dlogits.data());
   ctx.mtp_dtmp.resize(static_cast<size_t>(nm * hd));
   linear_backward_input(ctx.mtp_dlogits.data(), params.head, nm, hd, V, ctx.mtp_dtmp.data(), false);
   linear_backward_weight(ctx.mtp_dlogits.data(), ctx.mtp_h.data(), nm, hd, V, g.head);
@@ -98,7 +102,8 @@ void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double los
       std::copy_n(ctx.mtp_dcat.data() + t * 2 * hd + half * hd, hd, ctx.mtp_dtmp.data() + t * hd);
     }
     RmsNormContext<T>& nctx = half == 0 ? ctx.enorm : ctx.hnorm;
-    rmsnorm_backward_input(nctx, half == 0 ? L.enorm : L.hnorm, ctx.mtp_dtmp.data(), ctx.mtp_dx.data(), false);
+    rmsnorm_backward_input(nctx, half == 0 ? L.enorm : L.hnorm, ctx.mtp_dtmp.data(), ctx.mtp_dx.data(),
+                           false);
     rmsnorm_backward_weight(nctx, ctx.mtp_dtmp.data(), half == 0 ? GL.enorm : GL.hnorm);
     if (half == 0) {
       embedding_backward_weight(ctx.mtp_dx.data(), hd, std::span<const int32_t>(ctx.mtp_tokens), g.embed);
@@ -123,7 +128,8 @@ std::unique_ptr<ModelContext<T>> make_model_context() {
 
 template <class T>
 Result<StepLoss> model_forward(const ModelParams<T>& params, SeqShape shape, std::span<const int32_t> tokens,
-                               std::span<const int32_t> targets, const TrainOptions& options, ModelContext<T>& ctx) {
+                               std::span<const int32_t> targets, const TrainOptions& options,
+                               ModelContext<T>& ctx) {
   const ParamLayout& layout = *params.layout;
   const ModelConfig& c = layout.config;
   TRY(check_batch(c, shape, tokens, targets));
@@ -160,7 +166,8 @@ Result<StepLoss> model_forward(const ModelParams<T>& params, SeqShape shape, std
 }
 
 template <class T>
-void model_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double loss_scale, ModelParams<T>& grads) {
+void model_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double loss_scale,
+                    ModelParams<T>& grads) {
   CHECK_MSG(ctx.has_forward, "model_backward without a forward");
   CHECK(grads.layout == params.layout);
   const ParamLayout& layout = *params.layout;
@@ -214,23 +221,26 @@ std::span<const int32_t> model_routing(const ModelContext<T>& ctx, int64_t layer
 }
 
 template <class T>
-void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx, const TrainOptions& options) {
+void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx,
+                              const TrainOptions& options) {
   const auto loads = model_expert_loads(ctx);
   for (size_t l = 0; l < loads.size() && l < params.layers.size(); ++l) {
     LayerParams<T>& L = params.layers[l];
-    if (L.router_bias != nullptr && !loads[l].empty()) moe_update_bias(L.router_bias, loads[l], options.bias_update_speed);
+    if (L.router_bias != nullptr && !loads[l].empty())
+      moe_update_bias(L.router_bias, loads[l], options.bias_update_speed);
   }
 }
 
-#define FATHOM_MODEL_INSTANTIATE(T)                                                                             \
-  template std::unique_ptr<ModelContext<T>> make_model_context<T>();                                            \
-  template Result<StepLoss> model_forward<T>(const ModelParams<T>&, SeqShape, std::span<const int32_t>,         \
-                                             std::span<const int32_t>, const TrainOptions&, ModelContext<T>&);  \
-  template void model_backward<T>(const ModelParams<T>&, ModelContext<T>&, double, ModelParams<T>&);            \
-  template std::vector<std::vector<int64_t>> model_expert_loads<T>(const ModelContext<T>&);                     \
-  template std::span<const T> model_logits<T>(const ModelContext<T>&);                                          \
-  template std::span<const T> model_mtp_logits<T>(const ModelContext<T>&);                                      \
-  template std::span<const int32_t> model_routing<T>(const ModelContext<T>&, int64_t);                          \
+#define FATHOM_MODEL_INSTANTIATE(T)                                                                     \
+  template std::unique_ptr<ModelContext<T>> make_model_context<T>();                                    \
+  template Result<StepLoss> model_forward<T>(const ModelParams<T>&, SeqShape, std::span<const int32_t>, \
+                                             std::span<const int32_t>, const TrainOptions&,             \
+                                             ModelContext<T>&);                                         \
+  template void model_backward<T>(const ModelParams<T>&, ModelContext<T>&, double, ModelParams<T>&);    \
+  template std::vector<std::vector<int64_t>> model_expert_loads<T>(const ModelContext<T>&);             \
+  template std::span<const T> model_logits<T>(const ModelContext<T>&);                                  \
+  template std::span<const T> model_mtp_logits<T>(const ModelContext<T>&);                              \
+  template std::span<const int32_t> model_routing<T>(const ModelContext<T>&, int64_t);                  \
   template void model_update_router_bias<T>(ModelParams<T>&, const ModelContext<T>&, const TrainOptions&);
 FATHOM_MODEL_INSTANTIATE(float)
 FATHOM_MODEL_INSTANTIATE(double)

@@ -43,8 +43,9 @@ void moe_select(const ModelConfig& c, const double* scores, const double* bias, 
   }
   std::vector<int32_t> order(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t x, int32_t y) { return b[static_cast<size_t>(x)] > b[static_cast<size_t>(y)]; });
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+    return b[static_cast<size_t>(x)] > b[static_cast<size_t>(y)];
+  });
   std::copy_n(order.begin(), c.num_experts_per_tok, ids);
 }
 
@@ -74,7 +75,8 @@ void route(const ModelConfig& c, const LayerParams<T>& p, MoeContext<T>& ctx) {
     for (int64_t k = 0; k < K; ++k) sum += st[ids[k]];
     const T denom = c.norm_topk_prob ? sum + static_cast<T>(1e-20) : T(1);
     for (int64_t k = 0; k < K; ++k) {
-      ctx.weights[static_cast<size_t>(t * K + k)] = st[ids[k]] / denom * static_cast<T>(c.routed_scaling_factor);
+      ctx.weights[static_cast<size_t>(t * K + k)] =
+          st[ids[k]] / denom * static_cast<T>(c.routed_scaling_factor);
       ctx.slots[static_cast<size_t>(ids[k])].push_back(t * K + k);
       ++ctx.load[static_cast<size_t>(ids[k])];
       ctx.balance_f[static_cast<size_t>((t / S) * E + ids[k])] += static_cast<T>(E) / static_cast<T>(K * S);
@@ -100,8 +102,8 @@ double balance_loss(const MoeContext<T>& ctx) {
 }  // namespace
 
 template <class T>
-void moe_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, double balance_alpha, const T* x,
-                 T* y, MoeContext<T>& ctx) {
+void moe_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, double balance_alpha,
+                 const T* x, T* y, MoeContext<T>& ctx) {
   const int64_t n = shape.tokens(), hd = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t inter = c.moe_intermediate_size;
   ctx.shape = shape;
@@ -129,12 +131,14 @@ void moe_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, 
   for (int64_t e = 0; e < E; ++e) {
     const auto& slots = ctx.slots[static_cast<size_t>(e)];
     const int64_t m = static_cast<int64_t>(slots.size());
-    for (int64_t i = 0; i < m; ++i) std::copy_n(x + (slots[static_cast<size_t>(i)] / K) * hd, hd, ctx.gathered.data() + i * hd);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(x + (slots[static_cast<size_t>(i)] / K) * hd, hd, ctx.gathered.data() + i * hd);
     auto& out = ctx.expert_out[static_cast<size_t>(e)];
     out.resize(static_cast<size_t>(m * hd));
     if (m == 0) continue;
     swiglu_forward(ctx.gathered.data(), p.exp_gate[static_cast<size_t>(e)], p.exp_up[static_cast<size_t>(e)],
-                   p.exp_down[static_cast<size_t>(e)], m, hd, inter, out.data(), ctx.experts[static_cast<size_t>(e)]);
+                   p.exp_down[static_cast<size_t>(e)], m, hd, inter, out.data(),
+                   ctx.experts[static_cast<size_t>(e)]);
     for (int64_t i = 0; i < m; ++i) {
       const int64_t slot = slots[static_cast<size_t>(i)];
       const T w = ctx.weights[static_cast<size_t>(slot)];
@@ -241,12 +245,12 @@ void moe_update_bias(T* bias, std::span<const int64_t> expert_load, double speed
   }
 }
 
-#define FATHOM_MOE_INSTANTIATE(T)                                                                              \
-  template void moe_forward<T>(const ModelConfig&, const LayerParams<T>&, SeqShape, double, const T*, T*,      \
-                               MoeContext<T>&);                                                                \
-  template void moe_backward_input<T>(const ModelConfig&, const LayerParams<T>&, const T*, double, T*,         \
-                                      MoeContext<T>&);                                                         \
-  template void moe_backward_weight<T>(const ModelConfig&, const MoeContext<T>&, LayerParams<T>&);             \
+#define FATHOM_MOE_INSTANTIATE(T)                                                                         \
+  template void moe_forward<T>(const ModelConfig&, const LayerParams<T>&, SeqShape, double, const T*, T*, \
+                               MoeContext<T>&);                                                           \
+  template void moe_backward_input<T>(const ModelConfig&, const LayerParams<T>&, const T*, double, T*,    \
+                                      MoeContext<T>&);                                                    \
+  template void moe_backward_weight<T>(const ModelConfig&, const MoeContext<T>&, LayerParams<T>&);        \
   template void moe_update_bias<T>(T*, std::span<const int64_t>, double);
 FATHOM_MOE_INSTANTIATE(float)
 FATHOM_MOE_INSTANTIATE(double)

@@ -22,8 +22,9 @@ const ParamInfo* ParamLayout::find(std::string_view name) const {
 Result<ParamLayout> make_param_layout(const ModelConfig& config, bool with_mtp) {
   TRY(config.validate());
   if (config.n_routed_experts > 0 && config.scoring_func != ScoringFunc::kSigmoid) {
-    return invalid_argument("train: scoring_func '{}' is not supported for training (DeepSeek-V3's sigmoid only)",
-                            scoring_func_name(config.scoring_func));
+    return invalid_argument(
+        "train: scoring_func '{}' is not supported for training (DeepSeek-V3's sigmoid only)",
+        scoring_func_name(config.scoring_func));
   }
   if (with_mtp && config.num_nextn_predict_layers < 1) {
     return invalid_argument("train: MTP requested but num_nextn_predict_layers is {} (need 1)",
@@ -58,32 +59,58 @@ namespace {
 template <class T>
 T** layer_slot(LayerParams<T>& L, LayerWeight w, int64_t expert) {
   switch (w) {
-    case LayerWeight::kAttnNorm: return &L.attn_norm;
-    case LayerWeight::kQA: return &L.q_a;
-    case LayerWeight::kQANorm: return &L.q_a_norm;
-    case LayerWeight::kQB: return &L.q_b;
-    case LayerWeight::kQ: return &L.q;
-    case LayerWeight::kKvA: return &L.kv_a;
-    case LayerWeight::kKvANorm: return &L.kv_a_norm;
-    case LayerWeight::kKvB: return &L.kv_b;
-    case LayerWeight::kO: return &L.o;
-    case LayerWeight::kFfnNorm: return &L.ffn_norm;
-    case LayerWeight::kMlpGate: return &L.mlp_gate;
-    case LayerWeight::kMlpUp: return &L.mlp_up;
-    case LayerWeight::kMlpDown: return &L.mlp_down;
-    case LayerWeight::kRouter: return &L.router;
-    case LayerWeight::kRouterBias: return &L.router_bias;
-    case LayerWeight::kShGate: return &L.sh_gate;
-    case LayerWeight::kShUp: return &L.sh_up;
-    case LayerWeight::kShDown: return &L.sh_down;
-    case LayerWeight::kExpGate: return &L.exp_gate[static_cast<size_t>(expert)];
-    case LayerWeight::kExpUp: return &L.exp_up[static_cast<size_t>(expert)];
-    case LayerWeight::kExpDown: return &L.exp_down[static_cast<size_t>(expert)];
-    case LayerWeight::kEnorm: return &L.enorm;
-    case LayerWeight::kHnorm: return &L.hnorm;
-    case LayerWeight::kEhProj: return &L.eh_proj;
-    case LayerWeight::kMtpHeadNorm: return &L.head_norm;
-    default: return nullptr;
+    case LayerWeight::kAttnNorm:
+      return &L.attn_norm;
+    case LayerWeight::kQA:
+      return &L.q_a;
+    case LayerWeight::kQANorm:
+      return &L.q_a_norm;
+    case LayerWeight::kQB:
+      return &L.q_b;
+    case LayerWeight::kQ:
+      return &L.q;
+    case LayerWeight::kKvA:
+      return &L.kv_a;
+    case LayerWeight::kKvANorm:
+      return &L.kv_a_norm;
+    case LayerWeight::kKvB:
+      return &L.kv_b;
+    case LayerWeight::kO:
+      return &L.o;
+    case LayerWeight::kFfnNorm:
+      return &L.ffn_norm;
+    case LayerWeight::kMlpGate:
+      return &L.mlp_gate;
+    case LayerWeight::kMlpUp:
+      return &L.mlp_up;
+    case LayerWeight::kMlpDown:
+      return &L.mlp_down;
+    case LayerWeight::kRouter:
+      return &L.router;
+    case LayerWeight::kRouterBias:
+      return &L.router_bias;
+    case LayerWeight::kShGate:
+      return &L.sh_gate;
+    case LayerWeight::kShUp:
+      return &L.sh_up;
+    case LayerWeight::kShDown:
+      return &L.sh_down;
+    case LayerWeight::kExpGate:
+      return &L.exp_gate[static_cast<size_t>(expert)];
+    case LayerWeight::kExpUp:
+      return &L.exp_up[static_cast<size_t>(expert)];
+    case LayerWeight::kExpDown:
+      return &L.exp_down[static_cast<size_t>(expert)];
+    case LayerWeight::kEnorm:
+      return &L.enorm;
+    case LayerWeight::kHnorm:
+      return &L.hnorm;
+    case LayerWeight::kEhProj:
+      return &L.eh_proj;
+    case LayerWeight::kMtpHeadNorm:
+      return &L.head_norm;
+    default:
+      return nullptr;
   }
 }
 

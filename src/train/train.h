@@ -67,10 +67,10 @@ struct LayerParams {
   bool moe = false;
   T *attn_norm = nullptr, *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr, *q = nullptr;
   T *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr, *o = nullptr, *ffn_norm = nullptr;
-  T *mlp_gate = nullptr, *mlp_up = nullptr, *mlp_down = nullptr;  // dense layers
-  T *router = nullptr, *router_bias = nullptr;                   // MoE layers
-  std::vector<T*> exp_gate, exp_up, exp_down;                    // [n_routed]
-  T *sh_gate = nullptr, *sh_up = nullptr, *sh_down = nullptr;    // shared experts (merged)
+  T *mlp_gate = nullptr, *mlp_up = nullptr, *mlp_down = nullptr;                   // dense layers
+  T *router = nullptr, *router_bias = nullptr;                                     // MoE layers
+  std::vector<T*> exp_gate, exp_up, exp_down;                                      // [n_routed]
+  T *sh_gate = nullptr, *sh_up = nullptr, *sh_down = nullptr;                      // shared experts (merged)
   T *enorm = nullptr, *hnorm = nullptr, *eh_proj = nullptr, *head_norm = nullptr;  // MTP only
 };
 
@@ -136,7 +136,8 @@ struct RmsNormContext {
 };
 // y = x / sqrt(mean(x^2) + eps) * g over rows of `dim`; y may alias x.
 template <class T>
-void rmsnorm_forward(const T* x, const T* g, int64_t n, int64_t dim, double eps, T* y, RmsNormContext<T>& ctx);
+void rmsnorm_forward(const T* x, const T* g, int64_t n, int64_t dim, double eps, T* y,
+                     RmsNormContext<T>& ctx);
 // B: dx = rinv * (dy*g - xhat * mean(dy*g*xhat)); dx (+)= when accumulate.
 template <class T>
 void rmsnorm_backward_input(const RmsNormContext<T>& ctx, const T* g, const T* dy, T* dx, bool accumulate);
@@ -148,14 +149,14 @@ void rmsnorm_backward_weight(const RmsNormContext<T>& ctx, const T* dy, T* dg);
 // dlogits is non-null, writes dlogits = loss_scale * (softmax - onehot) / n_valid (0 for ignored
 // rows). Targets must lie in [-1, vocab) (CHECKed; validate data first).
 template <class T>
-double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab, std::span<const int32_t> targets,
-                                      double loss_scale, T* dlogits);
+double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab,
+                                      std::span<const int32_t> targets, double loss_scale, T* dlogits);
 
 // ---- Decoder blocks ----------------------------------------------------------------------------
 
 struct TrainOptions {
-  double mtp_weight = 0.3;       // lambda of the MTP loss (DeepSeek-V3: 0.3, later 0.1)
-  double balance_alpha = 1e-4;   // sequence-wise balance loss weight (V3: 0.0001)
+  double mtp_weight = 0.3;          // lambda of the MTP loss (DeepSeek-V3: 0.3, later 0.1)
+  double balance_alpha = 1e-4;      // sequence-wise balance loss weight (V3: 0.0001)
   double bias_update_speed = 1e-3;  // gamma of the aux-loss-free bias update (V3: 0.001)
   // Round each token's normalised latent and RoPE'd k_pe to bf16 in the forward, as the serving
   // KV cache stores them (so training sees the cache's numerics; the backward passes gradients
@@ -216,14 +217,17 @@ std::span<const int32_t> model_routing(const ModelContext<T>& ctx, int64_t layer
 // Errors (before any work) name a token or target outside the vocabulary or a shape mismatch.
 template <class T>
 Result<StepLoss> model_forward(const ModelParams<T>& params, SeqShape shape, std::span<const int32_t> tokens,
-                               std::span<const int32_t> targets, const TrainOptions& options, ModelContext<T>& ctx);
+                               std::span<const int32_t> targets, const TrainOptions& options,
+                               ModelContext<T>& ctx);
 // Backward of the last forward (both halves, layer by layer), gradients of loss_scale * total
 // accumulated into `grads`.
 template <class T>
-void model_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double loss_scale, ModelParams<T>& grads);
+void model_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double loss_scale,
+                    ModelParams<T>& grads);
 
 // The aux-loss-free bias update of every MoE layer from the last forward's loads.
 template <class T>
-void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx, const TrainOptions& options);
+void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx,
+                              const TrainOptions& options);
 
 }  // namespace fathom::train

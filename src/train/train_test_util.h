@@ -61,8 +61,9 @@ inline void fill_uniform(std::vector<double>& v, Rng& rng, double a = 1.0) {
 
 // Compares analytic d loss / d x[i] (grad[i]) with central differences on `samples` random
 // coordinates of x[0..n) (all of them when n <= samples). Tolerance: |fd - g| <= atol + rtol |g|.
-inline void expect_grad(const std::string& what, const std::function<double()>& loss, double* x, const double* grad,
-                        int64_t n, int samples, Rng& rng, double atol = 1e-7, double rtol = 1e-5) {
+inline void expect_grad(const std::string& what, const std::function<double()>& loss, double* x,
+                        const double* grad, int64_t n, int samples, Rng& rng, double atol = 1e-7,
+                        double rtol = 1e-5) {
   constexpr double kH = 1e-5;
   for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
     const int64_t i = n <= samples ? s : static_cast<int64_t>(rng.below(static_cast<uint64_t>(n)));
