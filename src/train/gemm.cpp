@@ -1,11 +1,15 @@
-// Blocked GEMMs for the backward passes (see gemm.h). Plain C++ the compiler vectorises; the
-// panel sizes keep a K-block of B rows (kBlockK x kBlockN) in L2 while each row of C reuses it.
+// GEMMs for the backward passes (see gemm.h). float: operand transposes + the runtime's fp32
+// matmul kernel (kernels/matmul.h, SIMD paths chosen at run time). double: plain blocked loops
+// (the panel sizes keep a K-block of B rows in L2 while each row of C reuses it).
 #include "train/gemm.h"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/matmul.h"
 
 namespace fathom::train {
 namespace {
@@ -38,10 +42,9 @@ int64_t grain_rows(int64_t n, int64_t k) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n * k / 64));
 }
 
-}  // namespace
 
 template <class T>
-void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
+void gemm_nn_blocked(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
   // a: [m, k]  b: [k, n]  c: [m, n]
   default_pool().parallel_for(m, grain_rows(n, k), [&](int64_t i0, int64_t i1, int) {
     if (!accumulate) std::memset(c + i0 * n, 0, static_cast<size_t>((i1 - i0) * n) * sizeof(T));
@@ -59,7 +62,7 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool
 }
 
 template <class T>
-void gemm_tn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
+void gemm_tn_blocked(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
   // a: [k, m]  b: [k, n]  c: [m, n] (accumulated)
   default_pool().parallel_for(m, grain_rows(n, k), [&](int64_t i0, int64_t i1, int) {
     for (int64_t j0 = 0; j0 < n; j0 += kBlockN) {
@@ -79,7 +82,7 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
 }
 
 template <class T>
-void gemm_nt(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
+void gemm_nt_blocked(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
   // a: [m, k]  b: [n, k]  c: [m, n]
   default_pool().parallel_for(m, grain_rows(n, k), [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -89,6 +92,85 @@ void gemm_nt(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool
       }
     }
   });
+}
+
+// src [rows, cols] -> dst [cols, rows], in 32x32 tiles.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kTile = 32;
+  default_pool().parallel_for((rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+          for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
+        }
+      }
+    }
+  });
+}
+
+// Per-thread transposition buffers, grown once to the largest shape seen.
+float* scratch(int slot, int64_t n) {
+  thread_local std::vector<float> buffers[2];
+  auto& b = buffers[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// y[m, w_rows] (+)= x[m, w_cols] . W^T on the runtime's fp32 matmul (AVX-512 / AVX2 / scalar).
+void runtime_matmul(const float* w, int64_t w_rows, int64_t w_cols, const float* x, int64_t m, float* y,
+                    bool accumulate) {
+  const WeightView view{.dtype = DType::kF32, .rows = w_rows, .cols = w_cols, .data = w};
+  matmul(view, x, m, y, default_pool(), {.accumulate = accumulate});
+}
+
+// Degenerate shapes the matmul kernel does not take (it needs a positive weight shape).
+template <class T>
+bool trivial(int64_t m, int64_t n, int64_t k, T* c, bool accumulate) {
+  if (m == 0 || n == 0) return true;
+  if (k > 0) return false;
+  if (!accumulate) std::memset(c, 0, static_cast<size_t>(m * n) * sizeof(T));
+  return true;
+}
+
+}  // namespace
+
+// float runs on the runtime's fp32 matmul kernel after transposing the operand that is not in
+// its [rows, cols] . x^T form (O(size) copies against O(m n k) products); double (the tests'
+// instantiation) runs the blocked loops above.
+template <class T>
+void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
+  if (trivial(m, n, k, c, accumulate)) return;
+  if constexpr (std::is_same_v<T, float>) {
+    float* bt = scratch(0, n * k);  // b^T: [n, k]
+    transpose(b, k, n, bt);
+    runtime_matmul(bt, n, k, a, m, c, accumulate);
+  } else {
+    gemm_nn_blocked(m, n, k, a, b, c, accumulate);
+  }
+}
+
+template <class T>
+void gemm_tn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
+  if (trivial(m, n, k, c, true)) return;
+  if constexpr (std::is_same_v<T, float>) {
+    float* at = scratch(0, m * k);  // a^T: [m, k]
+    float* bt = scratch(1, n * k);  // b^T: [n, k]
+    transpose(a, k, m, at);
+    transpose(b, k, n, bt);
+    runtime_matmul(bt, n, k, at, m, c, true);
+  } else {
+    gemm_tn_blocked(m, n, k, a, b, c);
+  }
+}
+
+template <class T>
+void gemm_nt(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
+  if (trivial(m, n, k, c, accumulate)) return;
+  if constexpr (std::is_same_v<T, float>) {
+    runtime_matmul(b, n, k, a, m, c, accumulate);
+  } else {
+    gemm_nt_blocked(m, n, k, a, b, c, accumulate);
+  }
 }
 
 template <class T>

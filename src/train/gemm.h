@@ -1,10 +1,13 @@
-// Internal: the blocked fp32/fp64 GEMMs of the backward passes, with float64 scalar references
-// (gemm_test.cpp compares them on random odd shapes). Row-major, no aliasing between A/B and C.
+// Internal: the GEMMs of the backward passes, with float64 scalar references (gemm_test.cpp
+// compares them on random odd shapes). Row-major, no aliasing between A/B and C.
 //   gemm_nn: C[M, N] (+)= A[M, K] . B[K, N]      dX = dY . W
 //   gemm_tn: C[M, N] +=   A[K, M]^T . B[K, N]    dW += dY^T . X
 //   gemm_nt: C[M, N] (+)= A[M, K] . B[N, K]^T    Y = X . W^T (the double path; float uses kernels/)
-// Rows of C are split over the default pool; inside, loops are blocked over K and N so a panel of
-// B stays in L1/L2 while it is reused by a row of C (the axpy form vectorises).
+// float: the operand not already in the matmul kernel's form (W [rows, cols], y = x . W^T) is
+// transposed into a per-thread buffer (O(n k) copies against O(m n k) FMAs), then the runtime's
+// fp32 matmul (AVX-512 / AVX2 / scalar, fp32 accumulation) runs on the default pool. double
+// (used by the finite-difference tests): blocked loops, rows of C split over the pool.
+// Any of m, n, k may be 0 (k = 0 writes zeros unless accumulating).
 #pragma once
 
 #include <cstdint>

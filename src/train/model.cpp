@@ -122,8 +122,13 @@ void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double los
 }  // namespace
 
 template <class T>
-std::unique_ptr<ModelContext<T>> make_model_context() {
-  return std::make_unique<ModelContext<T>>();
+void ModelContextDeleter<T>::operator()(ModelContext<T>* ctx) const {
+  delete ctx;
+}
+
+template <class T>
+ModelContextPtr<T> make_model_context() {
+  return ModelContextPtr<T>(new ModelContext<T>());
 }
 
 template <class T>
@@ -232,7 +237,8 @@ void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx
 }
 
 #define FATHOM_MODEL_INSTANTIATE(T)                                                                     \
-  template std::unique_ptr<ModelContext<T>> make_model_context<T>();                                    \
+  template struct ModelContextDeleter<T>;                                                               \
+  template ModelContextPtr<T> make_model_context<T>();                                                  \
   template Result<StepLoss> model_forward<T>(const ModelParams<T>&, SeqShape, std::span<const int32_t>, \
                                              std::span<const int32_t>, const TrainOptions&,             \
                                              ModelContext<T>&);                                         \

@@ -198,9 +198,16 @@ struct StepLoss {
 
 template <class T>
 struct ModelContext;  // train_impl.h
+template <class T>
+struct ModelContextDeleter {
+  void operator()(ModelContext<T>* ctx) const;
+};
+// Activations of one micro-batch in flight (a pipeline stage keeps one per micro-batch).
+template <class T>
+using ModelContextPtr = std::unique_ptr<ModelContext<T>, ModelContextDeleter<T>>;
 
 template <class T>
-std::unique_ptr<ModelContext<T>> make_model_context();
+ModelContextPtr<T> make_model_context();
 // Per-layer routed-expert loads of the last forward (tokens per expert), for moe_update_bias.
 template <class T>
 std::vector<std::vector<int64_t>> model_expert_loads(const ModelContext<T>& ctx);
