@@ -42,7 +42,6 @@ int64_t grain_rows(int64_t n, int64_t k) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n * k / 64));
 }
 
-
 template <class T>
 void gemm_nn_blocked(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
   // a: [m, k]  b: [k, n]  c: [m, n]

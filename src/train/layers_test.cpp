@@ -309,5 +309,38 @@ TEST(TrainLayers, DeferredWeightGradientsAreBitIdentical) {
   EXPECT_EQ(a.second, b.second);
 }
 
+// A pipeline stage's slab holds only its layers, and a block computes the same on it.
+TEST(TrainLayers, StageSlabsHoldTheirLayersAndComputeTheSame) {
+  Rng rng(testing::fresh_seed("stage slab"));
+  auto full = make_param_layout(testing::tiny_config(), true);
+  ASSERT_TRUE(full.ok());
+  auto stage = stage_param_layout(*full, {.layer_begin = 1, .layer_end = 3, .head = true});
+  ASSERT_TRUE(stage.ok()) << stage.status().to_string();
+  EXPECT_FALSE(stage_param_layout(*full, {.layer_begin = 2, .layer_end = 4}).ok());
+  auto pf = make_params<double>(*full);
+  randomize(pf, rng);
+  auto ps = make_params<double>(*stage);
+  int64_t copied = 0;
+  for (const ParamInfo& info : stage->params) {
+    const ParamInfo* f = full->find(info.name);
+    ASSERT_NE(f, nullptr);
+    std::copy_n(pf.at(*f), f->size, ps.at(info));
+    copied += info.size;
+  }
+  EXPECT_EQ(copied, stage->total);
+  EXPECT_EQ(ps.embed, nullptr);
+  EXPECT_NE(ps.head, nullptr);
+  EXPECT_EQ(ps.layers[0].attn_norm, nullptr);
+  EXPECT_NE(ps.layers[2].eh_proj, nullptr);
+  const SeqShape shape{1, 5};
+  std::vector<double> x(static_cast<size_t>(shape.tokens() * full->config.hidden_size));
+  fill_uniform(x, rng);
+  std::vector<double> a = x, b = x;
+  BlockContext<double> ca, cb;
+  block_forward(*full, pf.layers[1], 1, shape, {}, a.data(), ca);
+  block_forward(*stage, ps.layers[1], 1, shape, {}, b.data(), cb);
+  EXPECT_EQ(a, b);
+}
+
 }  // namespace
 }  // namespace fathom::train

@@ -54,6 +54,27 @@ Result<ParamLayout> make_param_layout(const ModelConfig& config, bool with_mtp) 
   return layout;
 }
 
+Result<ParamLayout> stage_param_layout(const ParamLayout& full, const StageParamsSpec& spec) {
+  const int64_t n_layers = full.config.num_hidden_layers + (full.mtp ? 1 : 0);
+  if (spec.layer_begin < 0 || spec.layer_begin > spec.layer_end || spec.layer_end > n_layers) {
+    return invalid_argument("train: stage layers [{}, {}) are outside the model's {} layers",
+                            spec.layer_begin, spec.layer_end, n_layers);
+  }
+  ParamLayout out;
+  out.config = full.config;
+  out.mtp = full.mtp;
+  for (const ParamInfo& p : full.params) {
+    const bool keep = p.layer >= 0 ? p.layer >= spec.layer_begin && p.layer < spec.layer_end
+                                   : (p.role == WeightRole::kEmbedding ? spec.embedding : spec.head);
+    if (!keep) continue;
+    ParamInfo q = p;
+    q.offset = out.total;
+    out.total += q.size;
+    out.params.push_back(std::move(q));
+  }
+  return out;
+}
+
 namespace {
 
 template <class T>
@@ -144,7 +165,7 @@ ModelParams<T> make_params(const ParamLayout& layout) {
     T** slot = layer_slot(m.layers[static_cast<size_t>(p.layer)], p.weight, p.expert);
     if (slot != nullptr) *slot = ptr;
   }
-  if (c.tie_word_embeddings) m.head = m.embed;
+  if (c.tie_word_embeddings && m.head == nullptr) m.head = m.embed;
   return m;
 }
 

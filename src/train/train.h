@@ -62,6 +62,17 @@ struct ParamLayout {
 // with the main model (its own copies are not parameters).
 Result<ParamLayout> make_param_layout(const ModelConfig& config, bool with_mtp);
 
+// The part of a layout one pipeline stage holds: layers [layer_begin, layer_end) (indices of the
+// full model; the MTP layer is num_hidden_layers), plus the embedding and/or the final norm and
+// lm_head. Offsets are re-packed so the stage's slab is contiguous; names stay the full model's.
+struct StageParamsSpec {
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;
+  bool embedding = false;
+  bool head = false;  // final norm + lm_head
+};
+Result<ParamLayout> stage_param_layout(const ParamLayout& full, const StageParamsSpec& spec);
+
 template <class T>
 struct LayerParams {
   bool moe = false;
@@ -74,7 +85,8 @@ struct LayerParams {
   T *enorm = nullptr, *hnorm = nullptr, *eh_proj = nullptr, *head_norm = nullptr;  // MTP only
 };
 
-// A slab of parameters (or of their gradients: same layout) with named views into it.
+// A slab of parameters (or of their gradients: same layout) with named views into it. A stage's
+// slab (stage_param_layout) binds only the views of what it holds; the others stay nullptr.
 template <class T>
 struct ModelParams {
   const ParamLayout* layout = nullptr;
