@@ -3,11 +3,12 @@
 // latent; interleaved RoPE/YaRN on the rope dims of q and k_pe (shared by all heads); kv_b_proj ->
 // per-head k_nope | v; causal softmax attention with DeepSeek's softmax scale; o_proj.
 // Attention keeps the full probability matrix (O(S^2) per head): training sequences here are
-// short; a flash-style recompute is a later optimisation. Attention loops are serial.
+// short; a flash-style recompute is a later optimisation. (sequence, head) pairs run in parallel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "base/thread_pool.h"
 #include "kernels/rope.h"
 #include "tensor/convert.h"
 #include "train/train_impl.h"
@@ -83,79 +84,96 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// Causal attention of every (sequence, head): p = softmax(scale * q.k^T), att = p.v.
+// Causal attention of one (sequence, head): p = softmax(scale * q.k^T), att = p.v.
+template <class T>
+void attention_forward_head(const Dims& d, double scale, int64_t s, int64_t h, MlaContext<T>& ctx) {
+  const int64_t S = d.S;
+  T* P = ctx.p.data() + (s * d.H + h) * S * S;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t ti = s * S + i;
+    const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
+    T* pr = P + i * S;
+    for (int64_t j = 0; j <= i; ++j) {
+      const int64_t tj = s * S + j;
+      const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
+      pr[j] = static_cast<T>(scale) * (dot(q, k, d.nope) + dot(q + d.nope, ctx.kpe.data() + tj * d.rd, d.rd));
+    }
+    const T mx = *std::max_element(pr, pr + i + 1);
+    T sum = 0;
+    for (int64_t j = 0; j <= i; ++j) sum += pr[j] = std::exp(pr[j] - mx);
+    T* o = ctx.att.data() + (ti * d.H + h) * d.vd;
+    for (int64_t j = 0; j <= i; ++j) {
+      pr[j] /= sum;
+      const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
+      for (int64_t e = 0; e < d.vd; ++e) o[e] += pr[j] * v[e];
+    }
+  }
+}
+
+// Every (sequence, head) is an independent task on the pool (disjoint outputs).
 template <class T>
 void attention_forward(const Dims& d, double scale, MlaContext<T>& ctx) {
   const int64_t S = d.S;
   ctx.p.assign(static_cast<size_t>(ctx.shape.n_seq * d.H * S * S), T(0));
   ctx.att.assign(static_cast<size_t>(d.n * d.H * d.vd), T(0));
-  for (int64_t s = 0; s < ctx.shape.n_seq; ++s) {
-    for (int64_t h = 0; h < d.H; ++h) {
-      T* P = ctx.p.data() + (s * d.H + h) * S * S;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t ti = s * S + i;
-        const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
-        T* pr = P + i * S;
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t tj = s * S + j;
-          const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
-          pr[j] =
-              static_cast<T>(scale) * (dot(q, k, d.nope) + dot(q + d.nope, ctx.kpe.data() + tj * d.rd, d.rd));
-        }
-        const T mx = *std::max_element(pr, pr + i + 1);
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += pr[j] = std::exp(pr[j] - mx);
-        T* o = ctx.att.data() + (ti * d.H + h) * d.vd;
-        for (int64_t j = 0; j <= i; ++j) {
-          pr[j] /= sum;
-          const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
-          for (int64_t e = 0; e < d.vd; ++e) o[e] += pr[j] * v[e];
-        }
+  default_pool().run(ctx.shape.n_seq * d.H, [&](int64_t task, int) {
+    attention_forward_head(d, scale, task / d.H, task % d.H, ctx);
+  });
+}
+
+// One (sequence, head) of the backward from datt (ctx.scratch [n, H, v]): dq (post-RoPE) and this
+// head's k_nope | v gradients (disjoint per task), and its share of dk_pe (post-RoPE) into
+// ctx.dkpe_heads [H, n, rope] (k_pe is shared by the heads: summed afterwards in head order, so
+// the result does not depend on the thread count). ds: [S] scratch.
+template <class T>
+void attention_backward_head(const Dims& d, double scale, int64_t s, int64_t h, T* ds, MlaContext<T>& ctx) {
+  const int64_t S = d.S;
+  const T* P = ctx.p.data() + (s * d.H + h) * S * S;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t ti = s * S + i;
+    const T* pr = P + i * S;
+    const T* da = ctx.scratch.data() + (ti * d.H + h) * d.vd;
+    T sum = 0;
+    for (int64_t j = 0; j <= i; ++j) {
+      T* dkvb_j = ctx.dkvb.data() + ((s * S + j) * d.H + h) * d.kvbw;
+      const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
+      ds[j] = dot(da, v, d.vd);
+      sum += pr[j] * ds[j];
+      for (int64_t e = 0; e < d.vd; ++e) dkvb_j[d.nope + e] += pr[j] * da[e];
+    }
+    const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
+    T* dq = ctx.dq.data() + (ti * d.H + h) * d.qk;
+    for (int64_t j = 0; j <= i; ++j) {
+      const int64_t tj = s * S + j;
+      const T g = pr[j] * (ds[j] - sum) * static_cast<T>(scale);
+      const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
+      const T* kpe = ctx.kpe.data() + tj * d.rd;
+      T* dk = ctx.dkvb.data() + (tj * d.H + h) * d.kvbw;
+      T* dkpe = ctx.dkpe_heads.data() + (h * d.n + tj) * d.rd;
+      for (int64_t e = 0; e < d.nope; ++e) {
+        dq[e] += g * k[e];
+        dk[e] += g * q[e];
+      }
+      for (int64_t e = 0; e < d.rd; ++e) {
+        dq[d.nope + e] += g * kpe[e];
+        dkpe[e] += g * q[d.nope + e];
       }
     }
   }
 }
 
-// From datt (ctx.scratch [n, H, v]): dq (post-RoPE), dkvb (k_nope | v) and dk_pe (post-RoPE, in
-// the rope part of ctx.dkv).
 template <class T>
 void attention_backward(const Dims& d, double scale, MlaContext<T>& ctx) {
-  const int64_t S = d.S;
-  std::vector<T> ds(static_cast<size_t>(S));
-  for (int64_t s = 0; s < ctx.shape.n_seq; ++s) {
+  ctx.dkpe_heads.assign(static_cast<size_t>(d.H * d.n * d.rd), T(0));
+  ctx.ds.resize(static_cast<size_t>(default_pool().size() * d.S));
+  default_pool().run(ctx.shape.n_seq * d.H, [&](int64_t task, int thread) {
+    attention_backward_head(d, scale, task / d.H, task % d.H, ctx.ds.data() + thread * d.S, ctx);
+  });
+  for (int64_t t = 0; t < d.n; ++t) {
+    T* dkpe = ctx.dkv.data() + t * d.kvw + d.kvl;
     for (int64_t h = 0; h < d.H; ++h) {
-      const T* P = ctx.p.data() + (s * d.H + h) * S * S;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t ti = s * S + i;
-        const T* pr = P + i * S;
-        const T* da = ctx.scratch.data() + (ti * d.H + h) * d.vd;
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          T* dkvb_j = ctx.dkvb.data() + ((s * S + j) * d.H + h) * d.kvbw;
-          const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
-          ds[static_cast<size_t>(j)] = dot(da, v, d.vd);
-          sum += pr[j] * ds[static_cast<size_t>(j)];
-          for (int64_t e = 0; e < d.vd; ++e) dkvb_j[d.nope + e] += pr[j] * da[e];
-        }
-        const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
-        T* dq = ctx.dq.data() + (ti * d.H + h) * d.qk;
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t tj = s * S + j;
-          const T g = pr[j] * (ds[static_cast<size_t>(j)] - sum) * static_cast<T>(scale);
-          const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
-          const T* kpe = ctx.kpe.data() + tj * d.rd;
-          T* dk = ctx.dkvb.data() + (tj * d.H + h) * d.kvbw;
-          T* dkpe = ctx.dkv.data() + tj * d.kvw + d.kvl;
-          for (int64_t e = 0; e < d.nope; ++e) {
-            dq[e] += g * k[e];
-            dk[e] += g * q[e];
-          }
-          for (int64_t e = 0; e < d.rd; ++e) {
-            dq[d.nope + e] += g * kpe[e];
-            dkpe[e] += g * q[d.nope + e];
-          }
-        }
-      }
+      const T* src = ctx.dkpe_heads.data() + (h * d.n + t) * d.rd;
+      for (int64_t e = 0; e < d.rd; ++e) dkpe[e] += src[e];
     }
   }
 }

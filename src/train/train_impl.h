@@ -47,14 +47,16 @@ struct MlaContext {
   std::vector<T> p;    // [n_seq, H, S, S] softmax probabilities (upper triangle 0)
   std::vector<T> att;  // [n, H, v] attention output (o_proj input)
   // Saved by B for W.
-  std::vector<T> dout;     // [n, hidden]
-  std::vector<T> dkvb;     // [n, H, nope + v]
-  std::vector<T> dq;       // [n, H, nope + rope] w.r.t. the q projection output
-  std::vector<T> dqan;     // [n, q_lora] w.r.t. q_a_layernorm output
-  std::vector<T> dqa;      // [n, q_lora] w.r.t. q_a output
-  std::vector<T> dlat;     // [n, kv_lora] w.r.t. kv_a_layernorm output
-  std::vector<T> dkv;      // [n, kv_lora + rope] w.r.t. kv_a output
-  std::vector<T> scratch;  // [S] / [n, hidden]
+  std::vector<T> dout;        // [n, hidden]
+  std::vector<T> dkvb;        // [n, H, nope + v]
+  std::vector<T> dq;          // [n, H, nope + rope] w.r.t. the q projection output
+  std::vector<T> dqan;        // [n, q_lora] w.r.t. q_a_layernorm output
+  std::vector<T> dqa;         // [n, q_lora] w.r.t. q_a output
+  std::vector<T> dlat;        // [n, kv_lora] w.r.t. kv_a_layernorm output
+  std::vector<T> dkv;         // [n, kv_lora + rope] w.r.t. kv_a output
+  std::vector<T> dkpe_heads;  // [H, n, rope] per-head dk_pe before the sum over heads
+  std::vector<T> ds;          // [threads, S] attention-backward scratch
+  std::vector<T> scratch;     // [n, H, v] datt, then [n, kv_lora]
 };
 
 // y[n, hidden] = MLA(x) in the naive form (causal within each sequence).
