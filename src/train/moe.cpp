@@ -99,6 +99,45 @@ double balance_loss(const MoeContext<T>& ctx) {
   return ctx.balance_alpha * total / static_cast<double>(S * ctx.shape.n_seq);
 }
 
+// ctx.dlogits [n, E] from d(gate weight) (ctx.dweights [n, K]) and the balance loss (scaled by
+// loss_scale): through the gate normalisation to the scores, then through the sigmoid.
+template <class T>
+void router_backward(const ModelConfig& c, double loss_scale, MoeContext<T>& ctx) {
+  const int64_t n = ctx.n, E = ctx.n_experts, K = ctx.top_k, S = ctx.shape.seq_len;
+  const std::vector<T>& dw = ctx.dweights;
+  ctx.dlogits.assign(static_cast<size_t>(n * E), T(0));
+  const T rsf = static_cast<T>(c.routed_scaling_factor);
+  const double bal_k = ctx.balance_alpha * loss_scale / static_cast<double>(S * ctx.shape.n_seq);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* st = ctx.scores.data() + t * E;
+    T* dl = ctx.dlogits.data() + t * E;
+    const int32_t* ids = ctx.ids.data() + t * K;
+    const T* dwt = dw.data() + t * K;
+    if (c.norm_topk_prob) {
+      T sum = 0, wsum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += st[ids[k]];
+      sum += static_cast<T>(1e-20);
+      for (int64_t k = 0; k < K; ++k) wsum += dwt[k] * st[ids[k]];
+      for (int64_t k = 0; k < K; ++k) dl[ids[k]] += rsf * (dwt[k] / sum - wsum / (sum * sum));
+    } else {
+      for (int64_t k = 0; k < K; ++k) dl[ids[k]] += rsf * dwt[k];
+    }
+    if (bal_k > 0) {
+      // L += bal_k * sum_i f_i s_i / sum_j s_j
+      const T* f = ctx.balance_f.data() + (t / S) * E;
+      double ssum = 0, fs = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        ssum += static_cast<double>(st[e]);
+        fs += static_cast<double>(f[e]) * static_cast<double>(st[e]);
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        dl[e] += static_cast<T>(bal_k * (static_cast<double>(f[e]) / ssum - fs / (ssum * ssum)));
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) dl[e] *= st[e] * (T(1) - st[e]);
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -152,7 +191,7 @@ void moe_forward(const ModelConfig& c, const LayerParams<T>& p, SeqShape shape, 
 template <class T>
 void moe_backward_input(const ModelConfig& c, const LayerParams<T>& p, const T* dy, double loss_scale, T* dx,
                         MoeContext<T>& ctx) {
-  const int64_t n = ctx.n, hd = ctx.hidden, E = ctx.n_experts, K = ctx.top_k, S = ctx.shape.seq_len;
+  const int64_t n = ctx.n, hd = ctx.hidden, E = ctx.n_experts, K = ctx.top_k;
   if (c.n_shared_experts > 0) {
     swiglu_backward_input(ctx.shared, p.sh_gate, p.sh_up, p.sh_down, dy, dx, false);
   } else {
@@ -186,38 +225,7 @@ void moe_backward_input(const ModelConfig& c, const LayerParams<T>& p, const T* 
       for (int64_t d = 0; d < hd; ++d) dxt[d] += dxe[static_cast<size_t>(i * hd + d)];
     }
   }
-  // Through the gate weights and the balance loss to the scores, then through the sigmoid.
-  ctx.dlogits.assign(static_cast<size_t>(n * E), T(0));
-  const T rsf = static_cast<T>(c.routed_scaling_factor);
-  const double bal_k = ctx.balance_alpha * loss_scale / static_cast<double>(S * ctx.shape.n_seq);
-  for (int64_t t = 0; t < n; ++t) {
-    const T* st = ctx.scores.data() + t * E;
-    T* dl = ctx.dlogits.data() + t * E;
-    const int32_t* ids = ctx.ids.data() + t * K;
-    const T* dwt = dw.data() + t * K;
-    if (c.norm_topk_prob) {
-      T sum = 0, wsum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += st[ids[k]];
-      sum += static_cast<T>(1e-20);
-      for (int64_t k = 0; k < K; ++k) wsum += dwt[k] * st[ids[k]];
-      for (int64_t k = 0; k < K; ++k) dl[ids[k]] += rsf * (dwt[k] / sum - wsum / (sum * sum));
-    } else {
-      for (int64_t k = 0; k < K; ++k) dl[ids[k]] += rsf * dwt[k];
-    }
-    if (bal_k > 0) {
-      // L += bal_k * sum_i f_i s_i / sum_j s_j
-      const T* f = ctx.balance_f.data() + (t / S) * E;
-      double ssum = 0, fs = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        ssum += static_cast<double>(st[e]);
-        fs += static_cast<double>(f[e]) * static_cast<double>(st[e]);
-      }
-      for (int64_t e = 0; e < E; ++e) {
-        dl[e] += static_cast<T>(bal_k * (static_cast<double>(f[e]) / ssum - fs / (ssum * ssum)));
-      }
-    }
-    for (int64_t e = 0; e < E; ++e) dl[e] *= st[e] * (T(1) - st[e]);
-  }
+  router_backward(c, loss_scale, ctx);
   linear_backward_input(ctx.dlogits.data(), p.router, n, hd, E, dx, true);
 }
 
