@@ -18,6 +18,10 @@ Status check_batch(const ModelConfig& c, SeqShape shape, std::span<const int32_t
   if (shape.n_seq < 1 || shape.seq_len < 1) {
     return invalid_argument("train: batch shape {} x {} must be positive", shape.n_seq, shape.seq_len);
   }
+  if (shape.seq_len > c.max_position_embeddings) {
+    return invalid_argument("train: seq_len {} exceeds max_position_embeddings {}", shape.seq_len,
+                            c.max_position_embeddings);
+  }
   if (static_cast<int64_t>(tokens.size()) != shape.tokens() || targets.size() != tokens.size()) {
     return invalid_argument("train: batch of {} x {} needs {} tokens and targets, got {} and {}", shape.n_seq,
                             shape.seq_len, shape.tokens(), tokens.size(), targets.size());

@@ -160,6 +160,12 @@ TEST(TrainModel, BadInputIsRejectedWithAClearError) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("needs 8 tokens"), std::string::npos) << r.status().to_string();
 
+  std::vector<int32_t> long_seq(65, 1);
+  r = model_forward(p, {1, 65}, long_seq, long_seq, {}, *ctx);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("max_position_embeddings 64"), std::string::npos)
+      << r.status().to_string();
+
   ModelConfig c = testing::tiny_config();
   c.scoring_func = ScoringFunc::kSoftmax;
   c.topk_method = TopkMethod::kGreedy;
