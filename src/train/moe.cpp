@@ -19,33 +19,49 @@
 
 namespace fathom::train {
 
+// Ties break toward the lower index (what a stable descending sort gives), with per-thread
+// buffers so routing allocates nothing per token.
 void moe_select(const ModelConfig& c, const double* scores, const double* bias, int32_t* ids) {
   const int64_t E = c.n_routed_experts;
-  std::vector<double> b(scores, scores + E);
+  thread_local std::vector<double> b;
+  thread_local std::vector<int32_t> order;
+  thread_local std::vector<std::pair<double, int64_t>> groups;
+  b.assign(scores, scores + E);
   if (bias != nullptr) {
     for (int64_t e = 0; e < E; ++e) b[static_cast<size_t>(e)] += bias[e];
   }
   if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1) {
     const int64_t per = E / c.n_group;
-    std::vector<std::pair<double, int64_t>> groups;
+    groups.clear();
     for (int64_t g = 0; g < c.n_group; ++g) {
-      std::vector<double> part(b.begin() + g * per, b.begin() + (g + 1) * per);
-      std::sort(part.rbegin(), part.rend());
-      const double score = c.topk_method == TopkMethod::kNoauxTc && per > 1 ? part[0] + part[1] : part[0];
-      groups.push_back({score, g});
+      double top1 = -std::numeric_limits<double>::infinity(), top2 = top1;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const double v = b[static_cast<size_t>(e)];
+        if (v > top1) {
+          top2 = top1;
+          top1 = v;
+        } else if (v > top2) {
+          top2 = v;
+        }
+      }
+      groups.push_back({c.topk_method == TopkMethod::kNoauxTc && per > 1 ? top1 + top2 : top1, g});
     }
-    std::stable_sort(groups.begin(), groups.end(), [](auto& x, auto& y) { return x.first > y.first; });
+    std::sort(groups.begin(), groups.end(), [](auto& x, auto& y) {
+      return x.first > y.first || (x.first == y.first && x.second < y.second);
+    });
     for (size_t k = static_cast<size_t>(c.topk_group); k < groups.size(); ++k) {
       for (int64_t e = 0; e < per; ++e) {
         b[static_cast<size_t>(groups[k].second * per + e)] = -std::numeric_limits<double>::infinity();
       }
     }
   }
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  order.resize(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-    return b[static_cast<size_t>(x)] > b[static_cast<size_t>(y)];
-  });
+  std::partial_sort(order.begin(), order.begin() + c.num_experts_per_tok, order.end(),
+                    [&](int32_t x, int32_t y) {
+                      const double bx = b[static_cast<size_t>(x)], by = b[static_cast<size_t>(y)];
+                      return bx > by || (bx == by && x < y);
+                    });
   std::copy_n(order.begin(), c.num_experts_per_tok, ids);
 }
 
