@@ -110,7 +110,6 @@ struct Engine::Impl {
     m.waiting = queued;
     m.kv = cache->stats();
     m.kv_store = tier != nullptr;
-    if (tier) m.store = tier->stats();
   }
 };
 
@@ -206,8 +205,13 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
 }
 
 EngineMetrics Engine::metrics() {
-  std::lock_guard lock(impl_->mu);
-  return impl_->m;
+  EngineMetrics out;
+  {
+    std::lock_guard lock(impl_->mu);
+    out = impl_->m;
+  }
+  if (impl_->tier) out.store = impl_->tier->stats();  // live: the writer runs while the engine idles
+  return out;
 }
 
 Histogram Histogram::latency() {

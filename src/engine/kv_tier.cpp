@@ -92,7 +92,8 @@ struct KvTier::Impl {
 Result<std::shared_ptr<storage::StorageClient>> KvTier::Impl::get_client() {
   std::lock_guard lock(client_mu);
   if (client) return client;
-  if (down()) return unavailable("kv store {} is down (retrying in {} ms)", o.server, down_until_ms.load() - now_ms());
+  if (down())
+    return unavailable("kv store {} is down (retrying in {} ms)", o.server, down_until_ms.load() - now_ms());
   storage::ClientParams p;
   p.servers = {o.server};
   p.connect_timeout_ms = o.connect_timeout_ms;
@@ -138,15 +139,16 @@ void KvTier::Impl::on_failure(const Status& s, const char* what) {
     down_until_ms.store(now_ms() + o.retry_after_ms);
   }
   if (was_up) {
-    log_warn("kv store {}: {} failed ({}); serving without it, retrying in {} ms", o.server, what, s.to_string(),
-             o.retry_after_ms);
+    log_warn("kv store {}: {} failed ({}); serving without it, retrying in {} ms", o.server, what,
+             s.to_string(), o.retry_after_ms);
   }
 }
 
 Result<std::unique_ptr<KvTier>> KvTier::create(const KvTierOptions& options, int64_t blob_bytes) {
   TRY(check_host_port(options.server));
   if (blob_bytes <= 0 || blob_bytes > (int64_t{64} << 20)) {
-    return invalid_argument("kv store: a page blob of {} B does not fit a storage chunk (at most 64 MiB)", blob_bytes);
+    return invalid_argument("kv store: a page blob of {} B does not fit a storage chunk (at most 64 MiB)",
+                            blob_bytes);
   }
   if (options.write_batch_pages < 1 || options.max_fetch_pages < 1) {
     return invalid_argument("kv store: write_batch_pages and max_fetch_pages must be positive");
@@ -257,8 +259,10 @@ void KvTier::Impl::write_batch(std::vector<Queued>& batch) {
   int64_t ok = 0;
   Status first_error;
   for (const Status& s : res) {
-    if (s.ok()) ++ok;
-    else if (first_error.ok()) first_error = s;
+    if (s.ok())
+      ++ok;
+    else if (first_error.ok())
+      first_error = s;
   }
   {
     std::lock_guard lock(mu);
@@ -282,7 +286,8 @@ uint64_t KvTier::fetch(std::span<const PageHash> chain) {
     return ticket;
   }
   m.results.emplace(ticket, std::nullopt);
-  m.fetches.push_back(FetchJob{ticket, std::vector<PageHash>(chain.begin(), chain.begin() + static_cast<ptrdiff_t>(n))});
+  m.fetches.push_back(
+      FetchJob{ticket, std::vector<PageHash>(chain.begin(), chain.begin() + static_cast<ptrdiff_t>(n))});
   m.cv_read.notify_one();
   return ticket;
 }
@@ -354,7 +359,8 @@ KvFetchResult KvTier::Impl::read_prefix(std::span<const PageHash> chain) {
   r.blobs.resize(*n * static_cast<size_t>(blob_bytes));
   std::vector<std::span<uint8_t>> dests(*n);
   for (size_t i = 0; i < *n; ++i) {
-    dests[i] = std::span<uint8_t>(r.blobs).subspan(i * static_cast<size_t>(blob_bytes), static_cast<size_t>(blob_bytes));
+    dests[i] = std::span<uint8_t>(r.blobs).subspan(i * static_cast<size_t>(blob_bytes),
+                                                   static_cast<size_t>(blob_bytes));
   }
   const std::vector<storage::KvGetResult> got = kv.batch_get(std::span(keys).first(*n), dests, o.lease_ms);
   size_t k = 0;
@@ -366,8 +372,8 @@ KvFetchResult KvTier::Impl::read_prefix(std::span<const PageHash> chain) {
     } else if (s.ok()) {
       std::lock_guard lock(mu);
       ++st.errors;
-      log_warn("kv store {}: page {} is {} B, a page blob of this model is {} B; recomputing from there", o.server,
-               page_hash_hex(chain[k]), got[k].length, blob_bytes);
+      log_warn("kv store {}: page {} is {} B, a page blob of this model is {} B; recomputing from there",
+               o.server, page_hash_hex(chain[k]), got[k].length, blob_bytes);
     }
   }
   r.pages = static_cast<int64_t>(k);
@@ -400,7 +406,11 @@ KvTierStats KvTier::stats() const {
   return s;
 }
 
-const KvTierOptions& KvTier::options() const { return impl_->o; }
-int64_t KvTier::blob_bytes() const { return impl_->blob_bytes; }
+const KvTierOptions& KvTier::options() const {
+  return impl_->o;
+}
+int64_t KvTier::blob_bytes() const {
+  return impl_->blob_bytes;
+}
 
 }  // namespace fathom

@@ -49,20 +49,20 @@ struct KvTierOptions {
 struct KvTierStats {
   int64_t pages_written = 0, bytes_written = 0;  // acknowledged by the store
   int64_t pages_read = 0, bytes_read = 0;        // read back (before import checks)
-  int64_t lookups = 0;          // prefix reads completed
-  int64_t hit_pages = 0;        // pages of those reads the store had
-  int64_t miss_pages = 0;       // pages of those reads it did not have
-  int64_t pages_imported = 0;   // pages that passed import into the memory cache (engine side)
-  int64_t import_errors = 0;    // blobs rejected at import (engine side)
-  int64_t errors = 0;           // failed connects, writes and reads
-  int64_t writes_dropped = 0;   // pages not written: queue full for long, store down, shut down
+  int64_t lookups = 0;                           // prefix reads completed
+  int64_t hit_pages = 0;                         // pages of those reads the store had
+  int64_t miss_pages = 0;                        // pages of those reads it did not have
+  int64_t pages_imported = 0;  // pages that passed import into the memory cache (engine side)
+  int64_t import_errors = 0;   // blobs rejected at import (engine side)
+  int64_t errors = 0;          // failed connects, writes and reads
+  int64_t writes_dropped = 0;  // pages not written: queue full for long, store down, shut down
   int64_t write_queue_pages = 0;
-  bool connected = false;       // the last call reached the store
+  bool connected = false;  // the last call reached the store
 };
 
 // The outcome of a fetch: the blobs of the leading pages the store had, in chain order.
 struct KvFetchResult {
-  Status status;        // not ok: the store could not be asked (the pages are then a miss)
+  Status status;  // not ok: the store could not be asked (the pages are then a miss)
   int64_t pages = 0;
   int64_t blob_bytes = 0;
   std::vector<uint8_t> blobs;  // pages * blob_bytes

@@ -83,11 +83,12 @@ void KvTierLink::collect(KvTierSeq& s, std::span<const int32_t> tokens, int64_t 
   while (static_cast<int64_t>(s.hashes.size()) < full) {
     const size_t k = s.hashes.size();
     const PageHash parent = k == 0 ? cache_.hash_seed() : s.hashes[k - 1];
-    s.hashes.push_back(kv_page_hash(parent, tokens.subspan(k * static_cast<size_t>(page_tokens),
-                                                           static_cast<size_t>(page_tokens))));
+    s.hashes.push_back(kv_page_hash(
+        parent, tokens.subspan(k * static_cast<size_t>(page_tokens), static_cast<size_t>(page_tokens))));
   }
   // A page is published once every layer of it is written (the MTP layer one token later).
-  while (s.pages_queued < full && cache_.lookup(std::span(&s.hashes[static_cast<size_t>(s.pages_queued)], 1)) == 1) {
+  while (s.pages_queued < full &&
+         cache_.lookup(std::span(&s.hashes[static_cast<size_t>(s.pages_queued)], 1)) == 1) {
     pending_.push_back(s.hashes[static_cast<size_t>(s.pages_queued)]);
     ++s.pages_queued;
   }
@@ -101,7 +102,8 @@ void KvTierLink::collect(KvTierSeq& s, std::span<const int32_t> tokens, int64_t 
 void KvTierLink::drain() {
   while (!pending_.empty()) {
     const PageHash key = pending_.front();
-    const KvTierWrite w = tier_.write(key, [&](std::span<uint8_t> slot) { return cache_.export_page(key, slot); });
+    const KvTierWrite w =
+        tier_.write(key, [&](std::span<uint8_t> slot) { return cache_.export_page(key, slot); });
     if (w == KvTierWrite::kQueueFull) return;  // the writer is behind: retry next step
     pending_.pop_front();
     // Down: the page is dropped (the store missed it while away). Fill failed: evicted already.
@@ -110,14 +112,16 @@ void KvTierLink::drain() {
 }
 
 void KvTierLink::shutdown() {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(tier_.options().flush_timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(tier_.options().flush_timeout_ms);
   while (!pending_.empty() && std::chrono::steady_clock::now() < deadline) {
     drain();
     if (!pending_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   tier_.count_dropped(static_cast<int64_t>(pending_.size()));
   pending_.clear();
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   (void)tier_.flush(static_cast<int>(std::max<int64_t>(0, left.count())));
 }
 

@@ -19,11 +19,11 @@ namespace fathom {
 
 // Per-request state.
 struct KvTierSeq {
-  uint64_t ticket = 0;          // a store read in flight
-  bool checked = false;         // the store was asked (or did not need to be) for this request
-  int64_t fetch_from = 0;       // first page of the chain the read asked for
-  std::vector<PageHash> hashes; // full pages of the tokens so far, in chain order
-  int64_t pages_queued = 0;     // leading pages of `hashes` already queued or known stored
+  uint64_t ticket = 0;           // a store read in flight
+  bool checked = false;          // the store was asked (or did not need to be) for this request
+  int64_t fetch_from = 0;        // first page of the chain the read asked for
+  std::vector<PageHash> hashes;  // full pages of the tokens so far, in chain order
+  int64_t pages_queued = 0;      // leading pages of `hashes` already queued or known stored
 };
 
 class KvTierLink {

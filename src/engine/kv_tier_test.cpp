@@ -50,7 +50,8 @@ uint64_t test_seed() {
   return seed;
 }
 
-std::unique_ptr<storage::StorageServer> start_store(const std::string& dir, const std::string& listen = "127.0.0.1:0") {
+std::unique_ptr<storage::StorageServer> start_store(const std::string& dir,
+                                                    const std::string& listen = "127.0.0.1:0") {
   storage::ServerParams p;
   p.targets = {storage::TargetParams{dir, 64u << 20}};
   p.listen = listen;
