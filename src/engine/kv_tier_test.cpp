@@ -11,11 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <thread>
 
 #include "base/check.h"
 #include "engine/kv_tier_link.h"
+#include "storage/faults.h"  // tests only: fault injection under the store
 #include "storage/storage.h"
 
 namespace fathom {
@@ -345,6 +347,140 @@ TEST(KvTier, CancelledFetchIsDiscardedAndUnknownTicketsDoNotHang) {
   auto r2 = (*tier)->take(987654);
   ASSERT_TRUE(r2.has_value());
   EXPECT_EQ(r2->pages, 0);
+}
+
+// ---- randomised model-based test ----
+// Rounds are process lifetimes (a new KvCache and KvTier each, on one store). Prompts share
+// prefixes of a few documents; a small memory cache forces evictions. The model is a std::map of
+// the pages the store must hold. Clean rounds must hit exactly the model's longest stored prefix;
+// rounds with injected data-read/write faults in the store may hit less, never more, and every
+// imported page must hold exactly the values computed for it.
+float page_value(const PageHash& parent, int32_t token, int offset, int layer, int d) {
+  const uint32_t h =
+      (parent[0] | parent[1] << 8) ^ static_cast<uint32_t>(token * 31 + offset * 7 + layer * 13 + d);
+  return static_cast<float>(static_cast<int>(h % 61) - 30) / 8;  // exact in bf16
+}
+
+// Computes (appends and writes) tokens [from, size) of `seq`; chain: parent hashes per page.
+void compute_rest(KvCache& c, SeqId seq, const std::vector<int32_t>& tokens, int64_t from) {
+  const int P = kFormat.page_tokens;
+  std::vector<PageHash> chain;
+  kv_hash_chain(c.hash_seed(), tokens, P, &chain);
+  std::vector<int32_t> rest(tokens.begin() + from, tokens.end());
+  CHECK_OK(c.append(seq, rest));
+  for (int l = 0; l < kLayers; ++l) {
+    std::vector<float> v;
+    for (int64_t pos = from; pos < static_cast<int64_t>(tokens.size()); ++pos) {
+      const int64_t page = pos / P;
+      const PageHash& parent = page == 0 ? c.hash_seed() : chain[static_cast<size_t>(page - 1)];
+      for (int d = 0; d < kFormat.d_qk(); ++d)
+        v.push_back(page_value(parent, tokens[static_cast<size_t>(pos)], static_cast<int>(pos % P), l, d));
+    }
+    CHECK_OK(c.write(seq, l, from, v));
+  }
+}
+
+void expect_values(const KvCache& c, SeqId seq, const std::vector<int32_t>& tokens, int64_t n) {
+  const int P = kFormat.page_tokens;
+  std::vector<PageHash> chain;
+  kv_hash_chain(c.hash_seed(), tokens, P, &chain);
+  std::vector<float> out(static_cast<size_t>(n * kFormat.d_qk()));
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(c.read(seq, l, 0, n, out).ok());
+    for (int64_t pos = 0; pos < n; ++pos) {
+      const PageHash& parent = pos / P == 0 ? c.hash_seed() : chain[static_cast<size_t>(pos / P - 1)];
+      for (int d = 0; d < kFormat.d_qk(); ++d) {
+        ASSERT_EQ(out[static_cast<size_t>(pos * kFormat.d_qk() + d)],
+                  page_value(parent, tokens[static_cast<size_t>(pos)], static_cast<int>(pos % P), l, d))
+            << "layer " << l << " pos " << pos;
+      }
+    }
+  }
+}
+
+TEST(KvTier, RandomisedRestartsMatchAModelOfTheStore) {
+  const uint64_t seed = test_seed();
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  storage::FaultInjector faults;
+  storage::ServerParams sp;
+  sp.targets = {storage::TargetParams{dir.path(), 64u << 20}};
+  sp.listen = "127.0.0.1:0";
+  sp.direct_io = false;
+  sp.group_bytes = 1u << 20;
+  sp.faults = &faults;
+  auto store = storage::StorageServer::start(sp).value();
+  auto client = storage::StorageClient::connect(storage::ClientParams{.servers = {store->address()}}).value();
+  storage::KvCache kv(*client);
+  const int P = kFormat.page_tokens;
+  std::vector<std::vector<int32_t>> docs(4);
+  for (auto& d : docs) d = random_tokens(6 * P, rng());
+  std::map<PageHash, bool> model;  // pages the store must hold (after clean rounds)
+  for (int round = 0; round < 8; ++round) {
+    const bool faulty = round % 3 == 2;
+    if (faulty) {
+      faults.add_rule({.op = storage::FaultOp::kDataRead, .skip = static_cast<int>(rng() % 4), .count = 2});
+      faults.add_rule({.op = storage::FaultOp::kDataWrite, .skip = static_cast<int>(rng() % 4), .count = 2});
+    }
+    auto cache = make_cache(12);  // 2 prompts' worth: evictions within a round
+    auto tier = KvTier::create(tier_options(store->address()), cache->export_blob_bytes()).value();
+    KvTierLink link(*tier, *cache);
+    std::vector<PageHash> written;
+    for (int q = 0; q < 6; ++q) {
+      const auto& doc = docs[rng() % docs.size()];
+      std::vector<int32_t> prompt(doc.begin(), doc.begin() + static_cast<ptrdiff_t>(1 + rng() % doc.size()));
+      for (int k = 0, extra = static_cast<int>(rng() % 12); k < extra; ++k)
+        prompt.push_back(static_cast<int32_t>(rng() % 50000));
+      if (prompt.size() < 2) prompt.push_back(1);
+      const std::span<const int32_t> prefix(prompt.data(), prompt.size() - 1);
+      std::vector<PageHash> chain;
+      kv_hash_chain(cache->hash_seed(), prefix, P, &chain);
+      const int64_t in_memory = cache->lookup(chain);
+      int64_t in_model = in_memory;
+      while (in_model < static_cast<int64_t>(chain.size()) &&
+             model.contains(chain[static_cast<size_t>(in_model)]))
+        ++in_model;
+      KvTierSeq s;
+      ASSERT_TRUE(wait_ready(link, s, prefix));
+      const SeqId seq = cache->add_sequence().value();
+      const int64_t attached = cache->attach_prefix(seq, prefix).value() / P;
+      if (faulty) {
+        EXPECT_LE(attached, std::max(in_memory, in_model)) << "round " << round << " prompt " << q;
+      } else {
+        EXPECT_EQ(attached, std::max(in_memory, in_model)) << "round " << round << " prompt " << q;
+      }
+      expect_values(*cache, seq, prompt, attached * P);
+      compute_rest(*cache, seq, prompt, attached * P);
+      link.attached(s, attached * P);
+      link.collect(s, prompt, static_cast<int64_t>(prompt.size()));
+      for (int64_t k = attached; k < static_cast<int64_t>(prompt.size()) / P; ++k)
+        written.push_back(s.hashes[static_cast<size_t>(k)]);
+      for (int i = 0; i < 2000 && link.has_pending(); ++i) {
+        link.drain();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(tier->flush(10000));
+      CHECK_OK(cache->free_sequence(seq));
+    }
+    const KvTierStats st = tier->stats();
+    EXPECT_EQ(st.import_errors, 0);
+    faults.clear_rules();
+    if (!faulty) {
+      EXPECT_EQ(st.errors, 0);
+      EXPECT_EQ(st.writes_dropped, 0);
+      for (const PageHash& h : written) model[h] = true;
+    } else if (!written.empty()) {  // some writes failed: learn which pages did land
+      const std::vector<storage::KvKey> keys(written.begin(), written.end());
+      const std::vector<bool> there = kv.exists(keys).value();
+      for (size_t i = 0; i < written.size(); ++i) {
+        if (there[i]) model[written[i]] = true;
+      }
+    }
+    std::printf("round %d%s: %lld written, %lld hit, %lld imported, %lld errors\n", round,
+                faulty ? " (faults)" : "", static_cast<long long>(st.pages_written),
+                static_cast<long long>(st.hit_pages), static_cast<long long>(st.pages_imported),
+                static_cast<long long>(st.errors));
+  }
 }
 
 TEST(KvTier, OptionErrorsNameTheProblem) {
