@@ -100,6 +100,7 @@ Result<std::shared_ptr<storage::StorageClient>> KvTier::Impl::get_client() {
   p.io_timeout_ms = o.io_timeout_ms;
   p.retries = 1;
   p.idle_connections = 4;
+  p.shm_bytes = 0;
   auto c = storage::StorageClient::connect(std::move(p));
   if (!c.ok()) {
     down_until_ms.store(now_ms() + o.retry_after_ms);
@@ -323,7 +324,9 @@ void KvTier::Impl::read_loop() {
       fetches.pop_front();
       if (!results.contains(job.ticket)) continue;  // cancelled
     }
+    const int64_t t0 = now_ms();
     KvFetchResult r = read_prefix(job.chain);
+    log_debug("kv store {}: prefix read of {} pages: {} hit, {} ms", o.server, job.chain.size(), r.pages, now_ms() - t0);
     std::lock_guard lock(mu);
     ++st.lookups;
     if (r.status.ok()) {
