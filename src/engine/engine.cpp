@@ -210,6 +210,7 @@ EngineMetrics Engine::metrics() {
     std::lock_guard lock(impl_->mu);
     out = impl_->m;
   }
+  out.kv_store = impl_->tier != nullptr;
   if (impl_->tier) out.store = impl_->tier->stats();  // live: the writer runs while the engine idles
   return out;
 }
