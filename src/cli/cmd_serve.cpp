@@ -50,7 +50,7 @@ int run_serve(int argc, char** argv) {
   ServerOptions so;
   EngineOptions eo;
   double kv_gb = 1.0;
-  int64_t max_context = 0, max_body_mb = 4;
+  int64_t max_context = 0, max_body_mb = 4, kv_store_queue_mb = 64;
   bool no_spec = false, no_prefix = false;
   Args args(argv[0], "Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,\n"
                      "health, metrics) with continuous batching, prefix caching and MTP speculation.");
@@ -68,6 +68,10 @@ int run_serve(int argc, char** argv) {
   args.option("--max-context", &max_context, "context limit (default min(max_position_embeddings, 32768))");
   args.option("--max-body-mb", &max_body_mb, "largest request body (413 beyond)");
   args.option("--http-threads", &so.http_threads, "concurrent HTTP connections served");
+  args.option("--kv-store", &eo.kv_store.server,
+              "write KV pages through to a `fathom store server` and read prompt prefixes back from it", "HOST:PORT");
+  args.option("--kv-store-queue-mb", &kv_store_queue_mb, "KV pages waiting to be written to the store, in MiB");
+  args.option("--kv-store-timeout-ms", &eo.kv_store.io_timeout_ms, "a store call taking longer counts as a failure");
   args.flag("--no-speculative", &no_spec, "do not use the MTP module for speculative decoding");
   args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
@@ -91,6 +95,9 @@ int run_serve(int argc, char** argv) {
   auto kvd = parse_mla_kv_dtype(kv_dtype);
   if (!kvd.ok()) return fail(args.command(), kvd.status());
   eo.kv_dtype = *kvd;
+  if (kv_store_queue_mb < 1) return fail(args.command(), invalid_argument("--kv-store-queue-mb must be at least 1"));
+  if (eo.kv_store.io_timeout_ms < 1) return fail(args.command(), invalid_argument("--kv-store-timeout-ms must be positive"));
+  eo.kv_store.write_queue_bytes = static_cast<uint64_t>(kv_store_queue_mb) << 20;
   eo.kv_cache_bytes = static_cast<uint64_t>(kv_gb * static_cast<double>(uint64_t{1} << 30));
   eo.speculative = !no_spec;
   eo.prefix_cache = !no_prefix;
@@ -114,6 +121,7 @@ int run_serve(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   std::printf("fathom serve: listening on http://%s:%d (model '%s'%s)\n", so.host.c_str(), (*server)->port(),
               so.served_model_name.c_str(), (*model)->has_mtp() && eo.speculative ? ", MTP speculation on" : "");
+  if (!eo.kv_store.server.empty()) std::printf("fathom serve: KV store tier at %s\n", eo.kv_store.server.c_str());
   std::fflush(stdout);
   st = (*server)->serve();
   g_server = nullptr;

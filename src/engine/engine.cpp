@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "engine/kv_tier_link.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -63,6 +64,7 @@ struct Seq {
   // this step
   int64_t feed_begin = 0, n_feed = 0, row0 = 0, logit_row = 0;
   bool sample_now = false;
+  KvTierSeq store;  // storage tier state (with --kv-store)
 };
 
 }  // namespace
@@ -71,6 +73,8 @@ struct Engine::Impl {
   Model* model = nullptr;
   EngineOptions options;
   std::unique_ptr<KvCache> cache;
+  std::unique_ptr<KvTier> tier;      // with options.kv_store; destroyed before the cache
+  std::unique_ptr<KvTierLink> link;
   std::unique_ptr<JsonVocab> json_vocab;
   std::thread thread;
   std::mutex mu;
@@ -105,6 +109,7 @@ struct Engine::Impl {
     m.running = static_cast<int64_t>(running.size());
     m.waiting = queued;
     m.kv = cache->stats();
+    m.kv_store = tier != nullptr;
   }
 };
 
@@ -137,6 +142,11 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
   }
   const KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes, options.max_running + 1);
   impl->cache = TRY(KvCache::create(ko));
+  if (!options.kv_store.server.empty()) {
+    if (!options.prefix_cache) return invalid_argument("engine: the KV store tier needs the prefix cache on");
+    impl->tier = TRY(KvTier::create(options.kv_store, impl->cache->export_blob_bytes()));
+    impl->link = std::make_unique<KvTierLink>(*impl->tier, *impl->cache);
+  }
   const int64_t V = model.config().vocab_size, H = model.config().hidden_size;
   const int64_t T = model.options().max_batch_tokens;
   impl->logits.resize(static_cast<size_t>(T * V));
@@ -195,8 +205,14 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
 }
 
 EngineMetrics Engine::metrics() {
-  std::lock_guard lock(impl_->mu);
-  return impl_->m;
+  EngineMetrics out;
+  {
+    std::lock_guard lock(impl_->mu);
+    out = impl_->m;
+  }
+  out.kv_store = impl_->tier != nullptr;
+  if (impl_->tier) out.store = impl_->tier->stats();  // live: the writer runs while the engine idles
+  return out;
 }
 
 Histogram Histogram::latency() {
@@ -218,7 +234,16 @@ void Engine::Impl::loop() {
   while (true) {
     {
       std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return stopping || !incoming.empty() || !waiting.empty() || !running.empty(); });
+      const auto work = [&] { return stopping || !incoming.empty() || !waiting.empty() || !running.empty(); };
+      if (link && link->has_pending()) {  // idle with pages to write: keep feeding the tier
+        if (!cv.wait_for(lock, std::chrono::milliseconds(5), work)) {
+          lock.unlock();
+          link->drain();
+          continue;
+        }
+      } else {
+        cv.wait(lock, work);
+      }
       if (stopping) break;
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
@@ -236,6 +261,7 @@ void Engine::Impl::loop() {
   for (auto& s : running) finish(*s, FinishReason::kCancelled);
   for (auto& s : waiting) finish(*s, FinishReason::kCancelled);
   for (auto& s : late) finish(*s, FinishReason::kCancelled);
+  if (link) link->shutdown();  // write what was published (bounded by the flush timeout)
 }
 
 void Engine::Impl::finish(Seq& s, FinishReason r, Status error) {
@@ -249,6 +275,10 @@ void Engine::Impl::finish(Seq& s, FinishReason r, Status error) {
   ev.finish = r;
   ev.error = std::move(error);
   ev.usage = {s.n_prompt, s.n_generated, s.cached_tokens};
+  if (link) {
+    if (s.cache_seq >= 0) link->collect(s.store, s.tokens, s.n_computed);
+    link->forget(s.store);
+  }
   if (s.cache_seq >= 0) {
     (void)cache->free_sequence(s.cache_seq);
     s.cache_seq = -1;
@@ -260,6 +290,7 @@ void Engine::Impl::finish(Seq& s, FinishReason r, Status error) {
 }
 
 void Engine::Impl::preempt(Seq& s) {
+  if (link) link->collect(s.store, s.tokens, s.n_computed);
   (void)cache->free_sequence(s.cache_seq);
   s.cache_seq = -1;
   s.n_computed = 0;
@@ -283,11 +314,18 @@ bool Engine::Impl::make_room(int64_t pages, const Seq* requester) {
 }
 
 void Engine::Impl::admit() {
-  while (!waiting.empty() && static_cast<int>(running.size()) < options.max_running) {
-    Seq& s = *waiting.front();
+  // In order, except that a request whose prefix is still being read from the store is passed
+  // over until the read is done.
+  for (auto it = waiting.begin(); it != waiting.end() && static_cast<int>(running.size()) < options.max_running;) {
+    Seq& s = **it;
     if (s.stream->cancelled()) {
       finish(s, FinishReason::kCancelled);
-      waiting.pop_front();
+      it = waiting.erase(it);
+      continue;
+    }
+    const std::span<const int32_t> prefix(s.tokens.data(), s.tokens.size() - 1);
+    if (link && !link->ready(s.store, prefix)) {
+      ++it;
       continue;
     }
     // Admit only if the first prefill chunk fits (pages for running decodes are kept aside).
@@ -298,9 +336,10 @@ void Engine::Impl::admit() {
     if (!seq.ok()) break;
     s.cache_seq = *seq;
     if (options.prefix_cache) {
-      auto hit = cache->attach_prefix(s.cache_seq, std::span<const int32_t>(s.tokens.data(), s.tokens.size() - 1));
+      auto hit = cache->attach_prefix(s.cache_seq, prefix);
       if (hit.ok()) {
         s.n_computed = *hit;
+        if (link) link->attached(s.store, *hit);
         if (!s.admitted_once) s.cached_tokens = *hit;
       }
     }
@@ -309,8 +348,8 @@ void Engine::Impl::admit() {
       stats.cached_prompt_tokens += s.cached_tokens;
     }
     s.admitted_once = true;
-    running.push_back(std::move(waiting.front()));
-    waiting.pop_front();
+    running.push_back(std::move(*it));
+    it = waiting.erase(it);
   }
 }
 
@@ -408,6 +447,7 @@ bool Engine::Impl::step() {
   admit();
   if (running.empty()) {
     publish();
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // store reads pending
     return false;
   }
   const int64_t T_max = model->options().max_batch_tokens;
@@ -573,6 +613,12 @@ bool Engine::Impl::step() {
         }
       }
     }
+  }
+  if (link) {  // write-through of the pages this step published
+    for (auto& s : running) {
+      if (s->cache_seq >= 0) link->collect(s->store, s->tokens, s->n_computed);
+    }
+    link->drain();
   }
   // Drop finished sequences.
   for (auto it = running.begin(); it != running.end();) {

@@ -14,6 +14,10 @@
 //    (greedy); the next step verifies it causally with the main model (s_q = 2). Sampling is
 //    exact: the first token is drawn from the target distribution and the draft is kept only if
 //    it equals that draw, so outputs have the target's distribution at any temperature.
+//  - Storage tier (options.kv_store): published pages are written through to a storage server;
+//    a new request whose prefix is not all in memory first reads the rest from the store
+//    (asynchronously: it waits, others run) and imports it instead of recomputing it. Store
+//    failures only cost recomputation (kv_tier.h).
 //  - Cancellation: a cancelled request's pages are freed at the next step.
 //
 // Thread safety: submit(), metrics() and RequestStream are safe from any thread.
@@ -32,6 +36,7 @@
 
 #include "base/status.h"
 #include "engine/json_constraint.h"
+#include "engine/kv_tier.h"
 #include "engine/sampler.h"
 #include "kvcache/kvcache.h"
 #include "model/model.h"
@@ -99,6 +104,9 @@ struct EngineOptions {
   MlaKvDType kv_dtype = MlaKvDType::kBF16;
   bool prefix_cache = true;
   bool speculative = true;           // use the MTP module when the checkpoint has one
+  // KV-cache storage tier (kv_tier.h): kv_store.server "HOST:PORT" writes full pages through to
+  // a storage server and reads a prompt's stored prefix back before admission; empty: off.
+  KvTierOptions kv_store;
 };
 
 // A fixed-bucket latency histogram (Prometheus semantics: cumulative buckets, sum, count).
@@ -118,6 +126,8 @@ struct EngineMetrics {
   int64_t spec_drafted = 0, spec_accepted = 0;
   int64_t steps = 0;
   KvCacheStats kv;
+  bool kv_store = false;  // a storage tier is configured
+  KvTierStats store;
   Histogram ttft = Histogram::latency();  // submit -> first token
   Histogram itl = Histogram::latency();   // between tokens of a stream
 };

@@ -60,9 +60,25 @@ std::string Server::Impl::metrics_text() {
   gauge("fathom_kv_cache_pages_cached", "Unreferenced cached pages (prefix cache, evictable).", static_cast<double>(m.kv.pages_cached));
   gauge("fathom_kv_cache_usage_ratio", "Used / total KV pages.",
         m.kv.pages_total ? static_cast<double>(m.kv.pages_used) / static_cast<double>(m.kv.pages_total) : 0.0);
-  counter("fathom_prefix_cache_hit_pages_total", "Pages attached from the prefix cache.", m.kv.prefix_hit_pages);
+  counter("fathom_prefix_cache_hit_pages_total", "Pages attached from the prefix cache (store imports included).", m.kv.prefix_hit_pages);
   gauge("fathom_prefix_cache_hit_ratio", "Cached prompt tokens / prompt tokens.",
         m.prompt_tokens ? static_cast<double>(m.cached_prompt_tokens) / static_cast<double>(m.prompt_tokens) : 0.0);
+  if (m.kv_store) {  // fathom serve --kv-store (engine/kv_tier.h)
+    const KvTierStats& k = m.store;
+    counter("fathom_kv_store_pages_written_total", "KV pages written through to the store.", k.pages_written);
+    counter("fathom_kv_store_bytes_written_total", "Bytes of KV pages written to the store.", k.bytes_written);
+    counter("fathom_kv_store_pages_read_total", "KV pages read back from the store.", k.pages_read);
+    counter("fathom_kv_store_bytes_read_total", "Bytes of KV pages read back from the store.", k.bytes_read);
+    counter("fathom_kv_store_lookups_total", "Prefix lookups sent to the store (prompts missing pages in memory).", k.lookups);
+    counter("fathom_kv_store_hit_pages_total", "Looked-up pages the store had.", k.hit_pages);
+    counter("fathom_kv_store_miss_pages_total", "Looked-up pages the store did not have.", k.miss_pages);
+    counter("fathom_kv_store_imported_pages_total", "Store pages verified and imported into the memory cache.", k.pages_imported);
+    counter("fathom_kv_store_import_errors_total", "Store pages rejected at import (bad blob: recomputed).", k.import_errors);
+    counter("fathom_kv_store_errors_total", "Failed store connects, writes and reads (served by recompute).", k.errors);
+    counter("fathom_kv_store_writes_dropped_total", "KV pages not written (store down, queue full, shutdown).", k.writes_dropped);
+    gauge("fathom_kv_store_write_queue_pages", "KV pages waiting to be written.", static_cast<double>(k.write_queue_pages));
+    gauge("fathom_kv_store_up", "1 when the last store call succeeded.", k.connected ? 1.0 : 0.0);
+  }
   histogram(out, "fathom_time_to_first_token_seconds", "Time from request to first token.", m.ttft);
   histogram(out, "fathom_inter_token_latency_seconds", "Time between tokens of a stream.", m.itl);
   return out;
