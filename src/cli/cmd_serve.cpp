@@ -105,6 +105,9 @@ int run_serve(int argc, char** argv) {
   if (so.served_model_name.empty()) so.served_model_name = default_model_name(model_path);
   ModelOptions mo;
   mo.max_context = max_context;
+  // Without speculation the MTP layer's cache would never be written, so no page could be
+  // published (no prefix cache, no store tier): leave the module out.
+  mo.load_mtp = !no_spec;
   mo.max_sequences = eo.max_running + 1;
   mo.max_batch_tokens = eo.prefill_chunk + 2 * static_cast<int64_t>(eo.max_running);
   auto model = Model::load(model_path, mo);
