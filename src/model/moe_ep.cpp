@@ -315,12 +315,16 @@ Status Model::Impl::ffn_ep(const LayerWeights& L, int64_t T) {
   } else {
     for (int64_t i = 0; i < n * h; ++i) xs[i] += routed[i];
   }
-  if (c.n_shared_experts > 0 && n > 0) {
+  // Shared experts. matmul picks its kernel form (and so its rounding) by the row count, so exact
+  // mode runs them over all T rows as one process does (replicated, like attention); only this
+  // slice's rows are kept, the rest is overwritten by the all-gather. Fast mode: the slice only.
+  const int64_t sh0 = e.exact ? 0 : b, shn = e.exact ? T : n;
+  if (c.n_shared_experts > 0 && shn > 0) {
     const int64_t inter = L.sh_gate.rows;
-    mm(L.sh_gate, s.xn.data() + b * h, n, s.ffn_a.data());
-    mm(L.sh_up, s.xn.data() + b * h, n, s.ffn_b.data());
-    silu_mul(s.ffn_a.data(), s.ffn_b.data(), s.ffn_a.data(), n * inter);
-    mm(L.sh_down, s.ffn_a.data(), n, xs, {.accumulate = true});
+    mm(L.sh_gate, s.xn.data() + sh0 * h, shn, s.ffn_a.data());
+    mm(L.sh_up, s.xn.data() + sh0 * h, shn, s.ffn_b.data());
+    silu_mul(s.ffn_a.data(), s.ffn_b.data(), s.ffn_a.data(), shn * inter);
+    mm(L.sh_down, s.ffn_a.data(), shn, s.x.data() + sh0 * h, {.accumulate = true});
   }
   for (int r = 0; r < e.ranks; ++r) {
     const int64_t rb = T * r / e.ranks, re = T * (r + 1) / e.ranks;

@@ -76,6 +76,21 @@ std::string gguf() {
 std::string hf_f32() {
   return dir() + "/tiny-f32";
 }
+// V2 structure (softmax scores, greedy top-3 of 8, two shared experts, no q LoRA) at hidden 1024:
+// wide enough that matmul's row-count-dependent kernel forms round differently, which a rank
+// running the shared experts over its slice alone would expose.
+std::string hf_v2() {
+  return dir() + "/wide-v2-bf16";
+}
+constexpr const char* kV2Config = R"({"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
+ "vocab_size": 4096, "hidden_size": 1024, "intermediate_size": 1024, "moe_intermediate_size": 512,
+ "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 2,
+ "n_routed_experts": 8, "routed_scaling_factor": 1.0, "kv_lora_rank": 64, "q_lora_rank": null,
+ "qk_rope_head_dim": 32, "v_head_dim": 48, "qk_nope_head_dim": 48, "topk_method": "greedy", "n_group": 1,
+ "topk_group": 1, "num_experts_per_tok": 3, "moe_layer_freq": 1, "first_k_dense_replace": 1,
+ "norm_topk_prob": false, "scoring_func": "softmax", "hidden_act": "silu", "max_position_embeddings": 8192,
+ "rms_norm_eps": 1e-06, "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4,
+ "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 2048, "type": "yarn"}})";
 
 size_t count(const std::string& s, const std::string& what) {
   size_t n = 0;
@@ -115,6 +130,14 @@ class ModelEp : public testing::Test {
           sh(bin() + " synth --preset tiny --layers 3 --dtype f32 --seed 11 --format hf --out " + hf_f32());
       ASSERT_EQ(r.rc, 0) << r.out << r.err;
       std::ofstream(hf_f32() + ".done") << "";
+    }
+    if (!std::filesystem::exists(hf_v2() + ".done")) {
+      std::filesystem::remove_all(hf_v2());
+      std::ofstream(dir() + "/wide-v2-config.json") << kV2Config;
+      const Proc r = sh(bin() + " synth --config " + dir() +
+                        "/wide-v2-config.json --dtype bf16 --seed 3 --format hf --out " + hf_v2());
+      ASSERT_EQ(r.rc, 0) << r.out << r.err;
+      std::ofstream(hf_v2() + ".done") << "";
     }
     ::flock(lock, LOCK_UN);
     ::close(lock);
@@ -194,6 +217,10 @@ TEST_F(ModelEp, LogitsMatchOneProcessHfBf16Prefill) {
 
 TEST_F(ModelEp, LogitsMatchOneProcessHfBf16Decode) {
   expect_logits_match(hf(), {kPrompts[1]}, "decode");
+}
+
+TEST_F(ModelEp, LogitsMatchOneProcessV2StructureWideHidden) {
+  expect_logits_match(hf_v2(), {kPrompts[1]}, "prefill");
 }
 
 TEST_F(ModelEp, LogitsMatchOneProcessOnFourRanks) {
