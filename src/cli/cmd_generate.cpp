@@ -25,6 +25,9 @@ struct GenerateOptions {
   std::string kv_dtype = "bf16";
   int64_t max_context = 0;
   bool raw = false;
+  int64_t ep = 1;
+  std::string ep_dispatch = "f32", ep_combine = "f32";
+  bool ep_fast = false;
 };
 
 Result<std::vector<int32_t>> prompt_tokens(const Model& model, const GenerateOptions& o) {
@@ -43,6 +46,14 @@ Status generate(const GenerateOptions& o) {
   if (o.max_tokens < 0) return invalid_argument("--max-tokens {} must not be negative", o.max_tokens);
   ModelOptions mo;
   mo.max_context = o.max_context;
+  if (o.ep < 1 || o.ep > 4096) return invalid_argument("--ep {} must be in [1, 4096]", o.ep);
+  mo.ep_size = static_cast<int>(o.ep);
+  mo.ep_dispatch_format = o.ep_dispatch;
+  mo.ep_combine_format = o.ep_combine;
+  mo.ep_exact = !o.ep_fast;
+  // Under --ep every rank computes the same tokens; rank 0 alone prints.
+  const bool quiet = !is_primary_rank();
+  mo.progress = !quiet;
   auto model = TRY(Model::load(o.model, mo));
   const Tokenizer& tok = model->tokenizer();
   const std::vector<int32_t> prompt = TRY(prompt_tokens(*model, o));
@@ -90,8 +101,10 @@ Status generate(const GenerateOptions& o) {
     if (r.token == tok.eos_id()) break;
     text.clear();
     TRY(stream.push(r.token, &text));
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    if (!quiet) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    }
     if (generated == o.max_tokens) break;
     const int32_t t = r.token;
     TRY(cache->append(seq, std::span<const int32_t>(&t, 1)));
@@ -101,6 +114,7 @@ Status generate(const GenerateOptions& o) {
   }
   text.clear();
   stream.finish(&text);
+  if (quiet) return {};
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
@@ -126,6 +140,10 @@ int run_generate(int argc, char** argv) {
   args.option("--kv-dtype", &o.kv_dtype, "bf16 or fp8 latent cache", "DTYPE");
   args.option("--max-context", &o.max_context, "context limit (default min(max_position_embeddings, 32768))");
   args.flag("--raw", &o.raw, "print special tokens too");
+  args.option("--ep", &o.ep, "expert parallelism over N ranks: run as `mpirun -np N fathom generate --ep N ...`", "N");
+  args.option("--ep-dispatch", &o.ep_dispatch, "--ep rows sent to the experts: f32 (exact), bf16 or fp8", "FORMAT");
+  args.option("--ep-combine", &o.ep_combine, "--ep expert outputs sent back: f32 (exact) or bf16", "FORMAT");
+  args.flag("--ep-fast", &o.ep_fast, "--ep at DeepEP's granularity (one row per token and rank; not bit-exact)");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;

@@ -16,7 +16,9 @@ namespace {
 
 int run_logits(int argc, char** argv) {
   std::string model_path, tokens_text, mode = "prefill", kv = "bf16";
-  int64_t top = 10;
+  int64_t top = 10, ep = 1;
+  std::string ep_dispatch = "f32", ep_combine = "f32";
+  bool ep_fast = false;
   bool json_out = false;
   Args args(argv[0], "Print the logits of the last position of --tokens (no BOS added).");
   args.usage("--model PATH --tokens 1,2,3 [--top K] [--json]");
@@ -25,6 +27,10 @@ int run_logits(int argc, char** argv) {
   args.option("--top", &top, "how many of the largest logits to list (text output)");
   args.option("--mode", &mode, "prefill (naive MLA) or decode (token by token, absorbed MLA)", "MODE");
   args.option("--kv-dtype", &kv, "bf16 or fp8 latent cache", "DTYPE");
+  args.option("--ep", &ep, "expert parallelism over N ranks: run as `mpirun -np N fathom logits --ep N ...`", "N");
+  args.option("--ep-dispatch", &ep_dispatch, "--ep rows sent to the experts: f32 (exact), bf16 or fp8", "FORMAT");
+  args.option("--ep-combine", &ep_combine, "--ep expert outputs sent back: f32 (exact) or bf16", "FORMAT");
+  args.flag("--ep-fast", &ep_fast, "--ep at DeepEP's granularity (one row per token and rank; not bit-exact)");
   args.flag("--json", &json_out, "print {\"logits\": [...]} with the full vector");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
@@ -35,8 +41,13 @@ int run_logits(int argc, char** argv) {
   if (mode != "prefill" && mode != "decode") return fail(args.command(), invalid_argument("--mode '{}' is not prefill or decode", mode));
   auto kv_dtype = parse_mla_kv_dtype(kv);
   if (!kv_dtype.ok()) return fail(args.command(), kv_dtype.status());
+  if (ep < 1 || ep > 4096) return fail(args.command(), invalid_argument("--ep {} must be in [1, 4096]", ep));
   ModelOptions mo;
-  mo.progress = !json_out;
+  mo.progress = !json_out && is_primary_rank();
+  mo.ep_size = static_cast<int>(ep);
+  mo.ep_dispatch_format = ep_dispatch;
+  mo.ep_combine_format = ep_combine;
+  mo.ep_exact = !ep_fast;
   auto model = Model::load(model_path, mo);
   if (!model.ok()) return fail(args.command(), model.status());
   std::vector<int32_t> ids;
@@ -59,6 +70,7 @@ int run_logits(int argc, char** argv) {
     print_json_line(j.dump());
     return 0;
   }
+  if (!is_primary_rank()) return 0;  // under --ep every rank has the same logits; rank 0 prints
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
   const size_t k = static_cast<size_t>(std::clamp<int64_t>(top, 1, V));

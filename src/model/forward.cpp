@@ -108,6 +108,18 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
   if (options.max_batch_tokens < 1 || options.max_sequences < 1) {
     return invalid_argument("max_batch_tokens and max_sequences must be positive");
   }
+  if (options.ep_size <= 1) return load_local(path, options);
+  // Expert parallelism: check the MPI world before touching the checkpoint, agree that every rank
+  // loaded (so no rank waits in a collective for one that failed), then build the EP groups.
+  ModelOptions o = options;
+  o.ep_rank = TRY(ep_world_rank(options.ep_size));
+  auto model = load_local(path, o);
+  TRY(ep_agree(model.ok() ? Status{} : model.status()));
+  (*model)->impl_->ep = TRY(ep_moe_create((*model)->config(), o));
+  return model;
+}
+
+Result<std::unique_ptr<Model>> Model::load_local(const std::string& path, const ModelOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   LoadOptions lo;
@@ -145,7 +157,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
     TRY(validate_moe_gate(impl->gate));
     impl->experts_params = {.n_experts = c.n_routed_experts, .hidden = c.hidden_size, .inter = c.moe_intermediate_size,
                             .top_k = static_cast<int>(c.num_experts_per_tok)};
-    impl->moe_ws = TRY(MoeWorkspace::create(impl->experts_params, options.max_batch_tokens));
+    if (options.ep_size <= 1) impl->moe_ws = TRY(MoeWorkspace::create(impl->experts_params, options.max_batch_tokens));
     for (size_t l = 0; l < impl->w->layers.size(); ++l) {
       const LayerWeights& L = impl->w->layers[l];
       if (!L.moe) continue;
@@ -278,7 +290,7 @@ void Model::Impl::trace_routing(int64_t T) {
 
 void Model::set_routing_trace(RoutingTrace* trace) { impl_->trace = trace; }
 
-void Model::Impl::ffn(const LayerWeights& L, int64_t T) {
+Status Model::Impl::ffn(const LayerWeights& L, int64_t T) {
   const ModelConfig& c = w->config;
   ThreadPool& pool = default_pool();
   auto swiglu = [&](const WeightView& g, const WeightView& u, const WeightView& d) {
@@ -290,7 +302,7 @@ void Model::Impl::ffn(const LayerWeights& L, int64_t T) {
   };
   if (!L.moe) {
     swiglu(L.mlp_gate, L.mlp_up, L.mlp_down);
-    return;
+    return {};
   }
   mm(L.router, s.xn.data(), T, s.router_logits.data());
   MoeGateParams g = gate;
@@ -298,9 +310,11 @@ void Model::Impl::ffn(const LayerWeights& L, int64_t T) {
   moe_gate(g, s.router_logits.data(), T, s.gate_ids.data(), s.gate_w.data());
   if (trace != nullptr) trace_routing(T);
   count_experts(L, T);
+  if (ep) return ffn_ep(L, T);
   moe_experts(experts_params, L.experts, s.xn.data(), T, s.gate_ids.data(), s.gate_w.data(), s.x.data(),
               /*accumulate=*/true, *moe_ws, pool);
   if (c.n_shared_experts > 0) swiglu(L.sh_gate, L.sh_up, L.sh_down);
+  return {};
 }
 
 Status Model::Impl::layer_forward(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
@@ -315,8 +329,7 @@ Status Model::Impl::layer_forward(int64_t layer, std::span<const SeqBatch> batch
   mm(L.o, s.attn_v.data(), T, s.x.data(), {.accumulate = true});
   rms_norm({.n_rows = T, .dim = c.hidden_size, .eps = eps, .weight_dtype = L.ffn_norm.dtype}, s.x.data(),
            L.ffn_norm.data, s.xn.data(), pool);
-  ffn(L, T);
-  return {};
+  return ffn(L, T);
 }
 
 int64_t Model::Impl::select_rows(std::span<const SeqBatch> batch, const float* src, float* dst) const {

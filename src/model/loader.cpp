@@ -177,6 +177,12 @@ std::string layer_name(bool gguf, int64_t layer, LayerWeight w, int64_t expert =
   return gguf ? gguf_name(layer, w) : hf_name(layer, w, expert);
 }
 
+// Expert parallelism places experts contiguously, as DeepEP and ep::Placement do: rank r holds
+// experts [r * E / ep_size, (r + 1) * E / ep_size).
+bool holds_expert(const LoadOptions& o, int64_t n_experts, int64_t e) {
+  return e / (n_experts / o.ep_size) == o.ep_rank;
+}
+
 Status load_layer(Loader& ld, const TensorSource& src, const ModelWeights& m, int64_t l, const LoadOptions& o,
                   LayerWeights& L) {
   const ModelConfig& c = m.config;
@@ -237,12 +243,12 @@ Status load_layer(Loader& ld, const TensorSource& src, const ModelWeights& m, in
       auto u = TRY(ld.stack(name(LayerWeight::kExpUp), E, inter, h, "experts x moe_intermediate_size x hidden_size"));
       auto d = TRY(ld.stack(name(LayerWeight::kExpDown), E, h, inter, "experts x hidden_size x moe_intermediate_size"));
       for (int64_t e = 0; e < E; ++e) {
-        if (e % o.ep_size != o.ep_rank) continue;
+        if (!holds_expert(o, E, e)) continue;
         L.experts[static_cast<size_t>(e)] = {g[static_cast<size_t>(e)], u[static_cast<size_t>(e)], d[static_cast<size_t>(e)]};
       }
     } else {
       for (int64_t e = 0; e < E; ++e) {
-        if (e % o.ep_size != o.ep_rank) continue;
+        if (!holds_expert(o, E, e)) continue;
         auto& ex = L.experts[static_cast<size_t>(e)];
         ex.gate = TRY(ld.linear(hf_name(l, LayerWeight::kExpGate, e), inter, h, "moe_intermediate_size x hidden_size"));
         ex.up = TRY(ld.linear(hf_name(l, LayerWeight::kExpUp, e), inter, h, "moe_intermediate_size x hidden_size"));
@@ -345,6 +351,17 @@ Result<std::unique_ptr<ModelWeights>> load_weights(const std::string& path, cons
     for (const auto& t : m->gguf->tensors()) {
       all.emplace_back(t.name, m->gguf->view(t));
       m->checkpoint_bytes += t.size;
+    }
+  }
+  if (options.ep_size > 1) {
+    const ModelConfig& c = m->config;
+    if (c.n_routed_experts < 1) {
+      return invalid_argument("{}: expert parallelism (--ep {}) needs a MoE model; this one has no routed experts",
+                              path, options.ep_size);
+    }
+    if (c.n_routed_experts % options.ep_size != 0) {
+      return invalid_argument("{}: --ep {} does not divide n_routed_experts {} (each rank must hold as many experts)",
+                              path, options.ep_size, c.n_routed_experts);
     }
   }
   TRY(load_all(*m, src, options));

@@ -39,9 +39,26 @@ struct ModelOptions {
   int64_t max_context = 0;          // 0: min(max_position_embeddings, 32768)
   bool load_mtp = true;
   bool progress = true;
-  // Expert parallelism (under mpirun): this rank holds experts e with e % ep_size == ep_rank.
+  // Expert parallelism (`--ep N` under `mpirun -np N`; docs/model.md). With ep_size > 1, load()
+  // initialises MPI, requires a world of exactly ep_size processes (an error on every rank
+  // otherwise, before any weight is resolved), sets ep_rank to the world rank and holds only the
+  // routed experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) (ep_size must divide E).
+  // forward()/mtp_forward() become collective: every rank calls them with the same batch; each
+  // rank routes a disjoint slice of the tokens through ep/ dispatch/combine and the MoE layer's
+  // output rows are all-gathered, so every rank ends with bit-identical hidden states and logits.
   int ep_rank = 0;
   int ep_size = 1;
+  std::string ep_dispatch_format = "f32";  // rows on the wire to the experts: f32 (exact), bf16, fp8
+  std::string ep_combine_format = "f32";   // expert outputs back: f32 (exact) or bf16
+  // Slices of at most this many tokens per rank (decode) use ep's low-latency mode; larger ones
+  // (prefill) the normal mode. 0: normal mode always.
+  int64_t ep_low_latency_tokens = 32;
+  int64_t ep_timeout_ms = 60000;  // every ep wait fails after this long, naming the stalled peer
+  // true: every (token, expert) pair travels as its own row and the owner adds the expert outputs
+  // in moe_experts' order, so f32 wire formats give results bit-identical to one process. false:
+  // DeepEP's granularity (one row per token and destination rank, per-rank partial sums): fewer
+  // bytes, results equal to one process only up to float rounding.
+  bool ep_exact = true;
 };
 
 // One sequence's part of a forward call. Its new tokens must already be appended to the cache
@@ -119,6 +136,7 @@ class Model {
 
  private:
   explicit Model(std::unique_ptr<Impl> impl);
+  static Result<std::unique_ptr<Model>> load_local(const std::string& path, const ModelOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 

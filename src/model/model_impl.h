@@ -28,6 +28,19 @@ struct Scratch {
   std::vector<float> sel;  // selected rows for the head
 };
 
+// Expert parallelism (moe_ep.cpp): the EP groups, buffers and local-expert workspaces.
+struct EpMoe;
+struct EpMoeDeleter {
+  void operator()(EpMoe* p) const;
+};
+using EpMoePtr = std::unique_ptr<EpMoe, EpMoeDeleter>;
+// Initialises MPI and checks that the world has exactly ep_size processes; returns this rank.
+Result<int> ep_world_rank(int ep_size);
+// Collective over MPI_COMM_WORLD: every rank fails when any rank's `local` is an error.
+Status ep_agree(const Status& local);
+// Collective: creates the EP groups (normal and low-latency) for a loaded config.
+Result<EpMoePtr> ep_moe_create(const ModelConfig& c, const ModelOptions& o);
+
 struct Model::Impl {
   // Counts what a forward call reads and computes (for the roofline in benchmarks).
   ForwardStats stats;
@@ -59,7 +72,9 @@ struct Model::Impl {
   Status attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
                             std::span<const int64_t> rows, KvCache& cache);
   Status attention_naive(const LayerWeights& L, int64_t layer, const SeqBatch& b, int64_t row0, KvCache& cache);
-  void ffn(const LayerWeights& L, int64_t n_tokens);
+  Status ffn(const LayerWeights& L, int64_t n_tokens);
+  Status ffn_ep(const LayerWeights& L, int64_t n_tokens);  // moe_ep.cpp
+  EpMoePtr ep;                                               // null unless ep_size > 1
   void count_experts(const LayerWeights& L, int64_t n_tokens);
   std::vector<int32_t> expert_used;
   RoutingTrace* trace = nullptr;

@@ -67,7 +67,8 @@ struct ModelWeights {
 struct LoadOptions {
   bool load_mtp = true;
   bool progress = true;
-  // Expert parallelism: hold only routed experts with e % ep_size == ep_rank (others' views null).
+  // Expert parallelism: hold only routed experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size)
+  // (contiguous, as ep::Placement); the others' views stay null. ep_size must divide E.
   int ep_rank = 0;
   int ep_size = 1;
 };
