@@ -11,6 +11,12 @@
 // step (no prefill tokens in it): bytes it must read (dense/attention weights once, each routed
 // expert the batch selected once, the KV pages) over the measured bandwidth, FLOPs over the
 // measured peak. HTTP is not involved: the server's overhead is excluded.
+//
+// With --url the same load goes through a running `fathom serve` (or any OpenAI-compatible server
+// that takes token-id prompts and `ignore_eos`) as streamed /v1/completions requests
+// (bench_serve_http.cpp): latency then includes HTTP and SSE, inter-token latency is measured
+// between SSE chunks (a token that completes no UTF-8 text is delivered with the next one),
+// output tokens come from the usage chunk, and there is no step roofline.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/timer.h"
 #include "engine/engine.h"
 
 namespace fathom::cli {
@@ -66,12 +73,41 @@ struct LatencySummary {
 // Percentiles by linear interpolation between order statistics (numpy's default).
 LatencySummary summarize(std::vector<double> samples);
 
+// What a client saw of one request; times in seconds on the level's clock.
+struct RequestRecord {
+  double submit_s = 0, first_s = -1, end_s = 0;
+  int64_t n_out = 0, n_prompt = 0, cached = 0;
+  std::vector<double> itl;  // one sample per token (engine) or per chunk (HTTP) after the first
+};
+
+// Sends one greedy request (EOS ignored) and reads its stream to the end; calls on_tokens(k) as
+// tokens arrive. An error for anything but finish_reason "length" with every token delivered.
+using OnTokens = std::function<void(int64_t)>;
+using RequestRunner = std::function<Result<RequestRecord>(std::vector<int32_t> prompt, int64_t max_tokens,
+                                                          const Timer& clock, const OnTokens& on_tokens)>;
+RequestRunner engine_runner(Engine& engine);
+
+struct HttpTarget {
+  std::string url;      // http://host:port
+  std::string api_key;  // Bearer token, or empty
+  std::string model = "default";
+};
+// Checks the server answers GET /v1/models with `model` among its names.
+Result<RequestRunner> http_runner(const HttpTarget& target);
+
+// The engine being measured, when in-process (steps reported and waited for); null over HTTP.
+struct EngineProbe {
+  Engine* engine = nullptr;
+  StepLog* log = nullptr;
+};
+
 struct LoadParams {
   int concurrency = 1;
   int64_t requests_per_client = 1;
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
   uint64_t seed = 1;
+  int64_t vocab = 0;  // prompt ids are drawn from [0, vocab)
 };
 
 struct LevelResult {
@@ -79,18 +115,20 @@ struct LevelResult {
   int64_t requests = 0, output_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   double seconds = 0;  // first submit to last finish
   LatencySummary ttft, itl, tpot, e2e;
-  DecodeRoofline decode;
+  DecodeRoofline decode;  // in-process only
 };
 
-// Runs one concurrency level to completion. `on_token` is called for every output token (progress).
-Result<LevelResult> run_level(Engine& engine, StepLog& log, const Roof& roof, const LoadParams& p,
-                              const std::function<void()>& on_token);
+// Runs one concurrency level to completion.
+Result<LevelResult> run_level(const RequestRunner& run, const EngineProbe& probe, const Roof& roof,
+                              const LoadParams& p, const OnTokens& on_tokens);
 
 struct PrefixParams {
   int64_t prefix_tokens = 4096;
   int64_t suffix_tokens = 128;
-  int repeats = 3;  // cached measurements (median); the uncached one runs once per repeat too
+  int repeats = 1;  // uncached/cached pairs, each on a fresh prefix (medians)
   uint64_t seed = 7;
+  int64_t vocab = 0;
+  int64_t page_tokens = 64;
 };
 
 struct PrefixResult {
@@ -101,7 +139,7 @@ struct PrefixResult {
 
 // TTFT of prefix + suffix with nothing cached, then of the same prefix with another suffix of the
 // same length once the prefix is cached. Fails if the cache did not serve the prefix.
-Result<PrefixResult> run_prefix_case(Engine& engine, const PrefixParams& p, int64_t page_tokens,
-                                     const std::function<void()>& on_request);
+Result<PrefixResult> run_prefix_case(const RequestRunner& run, const EngineProbe& probe,
+                                     const PrefixParams& p, const OnTokens& on_tokens);
 
 }  // namespace fathom::cli

@@ -91,16 +91,9 @@ std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t vocab) {
   return t;
 }
 
-// What a client saw of one request; times in seconds since the level's start.
-struct RequestRecord {
-  double submit_s = 0, first_s = -1, end_s = 0;
-  int64_t n_out = 0, n_prompt = 0, cached = 0;
-  std::vector<double> itl;  // one sample per token after the first
-};
-
-// Submits one request and reads its stream to the end.
+// Submits one request to the in-process engine and reads its stream to the end.
 Result<RequestRecord> run_request(Engine& engine, std::vector<int32_t> prompt, int64_t max_tokens,
-                                  const Timer& clock, const std::function<void()>& on_token) {
+                                  const Timer& clock, const OnTokens& on_tokens) {
   GenerationRequest req;
   req.prompt = std::move(prompt);
   req.sampling.temperature = 0;  // greedy: no sampling noise in the timings
@@ -125,7 +118,7 @@ Result<RequestRecord> run_request(Engine& engine, std::vector<int32_t> prompt, i
       }
       last_s = now;
       rec.n_out += n;
-      for (int64_t i = 0; i < n; ++i) on_token();
+      on_tokens(n);
     }
     if (ev->finish != FinishReason::kNone) {
       rec.end_s = now;
@@ -142,47 +135,18 @@ Result<RequestRecord> run_request(Engine& engine, std::vector<int32_t> prompt, i
 
 // Waits until the engine has published a state with nothing running or queued; every step it
 // ran has then been reported (on_step runs before publish).
-void wait_idle(Engine& engine) {
+void wait_idle(const EngineProbe& probe) {
+  if (probe.engine == nullptr) return;
   while (true) {
-    const EngineMetrics m = engine.metrics();
+    const EngineMetrics m = probe.engine->metrics();
     if (m.running == 0 && m.waiting == 0) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
-}  // namespace
-
-Result<LevelResult> run_level(Engine& engine, StepLog& log, const Roof& roof, const LoadParams& p,
-                              const std::function<void()>& on_token) {
-  const int64_t vocab = engine.model().config().vocab_size;
-  wait_idle(engine);
-  (void)log.take();
-  Timer clock;
-  std::vector<std::vector<RequestRecord>> records(static_cast<size_t>(p.concurrency));
-  std::vector<Status> errors(static_cast<size_t>(p.concurrency));
-  std::vector<std::thread> clients;
-  for (int c = 0; c < p.concurrency; ++c) {
-    clients.emplace_back([&, c] {
-      Rng rng(p.seed * 1000003 + static_cast<uint64_t>(p.concurrency) * 1009 + static_cast<uint64_t>(c));
-      for (int64_t r = 0; r < p.requests_per_client; ++r) {
-        auto rec =
-            run_request(engine, random_tokens(rng, p.prompt_tokens, vocab), p.gen_tokens, clock, on_token);
-        if (!rec.ok()) {
-          errors[static_cast<size_t>(c)] = rec.status();
-          return;
-        }
-        records[static_cast<size_t>(c)].push_back(std::move(*rec));
-      }
-    });
-  }
-  for (auto& t : clients) t.join();
-  wait_idle(engine);
-  const std::vector<EngineStepReport> steps = log.take();
-  for (const Status& st : errors) {
-    if (!st.ok()) return st.with_context(fmt::format("concurrency {}", p.concurrency));
-  }
+LevelResult summarize_level(int concurrency, const std::vector<std::vector<RequestRecord>>& records) {
   LevelResult out;
-  out.concurrency = p.concurrency;
+  out.concurrency = concurrency;
   std::vector<double> ttft, itl, tpot, e2e;
   double first_submit = 1e300, last_end = 0;
   for (const auto& client : records) {
@@ -204,6 +168,47 @@ Result<LevelResult> run_level(Engine& engine, StepLog& log, const Roof& roof, co
   out.itl = summarize(std::move(itl));
   out.tpot = summarize(std::move(tpot));
   out.e2e = summarize(std::move(e2e));
+  return out;
+}
+
+}  // namespace
+
+RequestRunner engine_runner(Engine& engine) {
+  return [&engine](std::vector<int32_t> prompt, int64_t max_tokens, const Timer& clock,
+                   const OnTokens& on_tokens) {
+    return run_request(engine, std::move(prompt), max_tokens, clock, on_tokens);
+  };
+}
+
+Result<LevelResult> run_level(const RequestRunner& run, const EngineProbe& probe, const Roof& roof,
+                              const LoadParams& p, const OnTokens& on_tokens) {
+  wait_idle(probe);
+  if (probe.log != nullptr) (void)probe.log->take();
+  Timer clock;
+  std::vector<std::vector<RequestRecord>> records(static_cast<size_t>(p.concurrency));
+  std::vector<Status> errors(static_cast<size_t>(p.concurrency));
+  std::vector<std::thread> clients;
+  for (int c = 0; c < p.concurrency; ++c) {
+    clients.emplace_back([&, c] {
+      Rng rng(p.seed * 1000003 + static_cast<uint64_t>(p.concurrency) * 1009 + static_cast<uint64_t>(c));
+      for (int64_t r = 0; r < p.requests_per_client; ++r) {
+        auto rec = run(random_tokens(rng, p.prompt_tokens, p.vocab), p.gen_tokens, clock, on_tokens);
+        if (!rec.ok()) {
+          errors[static_cast<size_t>(c)] = rec.status();
+          return;
+        }
+        records[static_cast<size_t>(c)].push_back(std::move(*rec));
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  wait_idle(probe);
+  std::vector<EngineStepReport> steps;
+  if (probe.log != nullptr) steps = probe.log->take();
+  for (const Status& st : errors) {
+    if (!st.ok()) return st.with_context(fmt::format("concurrency {}", p.concurrency));
+  }
+  LevelResult out = summarize_level(p.concurrency, records);
   out.decode = decode_roofline(steps, roof);
   return out;
 }
@@ -216,18 +221,17 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Result<PrefixResult> run_prefix_case(Engine& engine, const PrefixParams& p, int64_t page_tokens,
-                                     const std::function<void()>& on_request) {
-  const int64_t vocab = engine.model().config().vocab_size;
+Result<PrefixResult> run_prefix_case(const RequestRunner& run, const EngineProbe& probe,
+                                     const PrefixParams& p, const OnTokens& on_tokens) {
+  const int64_t vocab = p.vocab;
   PrefixResult out;
   out.prefix_tokens = p.prefix_tokens;
   out.suffix_tokens = p.suffix_tokens;
   // Full pages inside the prefix are what the cache can serve (the page holding the boundary
   // mixes prefix and suffix tokens, so it differs between the two prompts).
-  const int64_t expect_cached = p.prefix_tokens / page_tokens * page_tokens;
+  const int64_t expect_cached = p.prefix_tokens / p.page_tokens * p.page_tokens;
   std::vector<double> uncached, cached;
   Rng rng(p.seed);
-  const std::function<void()> none = [] {};
   for (int i = 0; i < p.repeats; ++i) {
     const std::vector<int32_t> prefix = random_tokens(rng, p.prefix_tokens, vocab);
     std::vector<int32_t> a = prefix, b = prefix;
@@ -237,18 +241,16 @@ Result<PrefixResult> run_prefix_case(Engine& engine, const PrefixParams& p, int6
       sb[0] = static_cast<int32_t>((sb[0] + 1) % vocab);  // suffixes differ from their first token
     a.insert(a.end(), sa.begin(), sa.end());
     b.insert(b.end(), sb.begin(), sb.end());
-    wait_idle(engine);
+    wait_idle(probe);
     Timer clock;
-    const RequestRecord ra = TRY(run_request(engine, a, 1, clock, none));
-    on_request();
+    const RequestRecord ra = TRY(run(a, 1, clock, on_tokens));
     if (ra.cached != 0) {
       return internal_error(
-          "prefix case: the 'uncached' prompt found {} tokens in the cache (random prefix collided?)",
+          "prefix case: the 'uncached' prompt found {} tokens in the cache (a random prefix cached before?)",
           ra.cached);
     }
-    wait_idle(engine);
-    const RequestRecord rb = TRY(run_request(engine, b, 1, clock, none));
-    on_request();
+    wait_idle(probe);
+    const RequestRecord rb = TRY(run(b, 1, clock, on_tokens));
     if (rb.cached < expect_cached) {
       return internal_error(
           "prefix case: only {} of the {} prefix tokens came from the prefix cache (is it too small "

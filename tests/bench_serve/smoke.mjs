@@ -3,8 +3,9 @@
 // latency sample counts), that the roofline figures are consistent with the raw bytes, FLOPs and
 // the measured machine in the same JSON, that a single stream reads exactly top-k experts per MoE
 // layer per step, that the prefix case is served from the cache, and that bad options fail with an
-// error naming the option. No timing assertions: speed is what the benchmark reports.
-import { execFileSync, spawnSync } from 'node:child_process';
+// error naming the option; then the same load through a real `fathom serve` (--url). No timing
+// assertions: speed is what the benchmark reports.
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -75,12 +76,11 @@ try {
   assert.ok(j.prefix.uncached_ttft_ms > 0 && j.prefix.cached_ttft_ms > 0);
   assert.ok(close(j.prefix.speedup, j.prefix.uncached_ttft_ms / j.prefix.cached_ttft_ms));
 
-  // 2. The table on a terminal-less stdout.
-  const t = bench(['--concurrency', '2', '--prompt-tokens', '16', '--gen-tokens', '4', '--prefix-tokens', '128']);
-  assert.equal(t.status, 0, t.stderr);
-  assert.match(t.stdout, /machine: read [\d.]+ GB\/s/);
-  assert.match(t.stdout, /conc\s+reqs\s+out tok\/s/);
-  assert.match(t.stdout, /prefix cache: 128-token prefix \+ 16: TTFT uncached [\d.]+ ms, cached [\d.]+ ms \(128 tokens/);
+  // 2. The table precedes the JSON line.
+  assert.match(r.stdout, /machine: read [\d.]+ GB\/s/);
+  assert.match(r.stdout, /conc\s+reqs\s+out tok\/s\s+TTFT p50\/p99 ms\s+ITL p50\/p99 ms\s+steps/);
+  assert.match(r.stdout, /\n\s+4\s+8\s+[\d.]+ /);
+  assert.match(r.stdout, /prefix cache: 512-token prefix \+ 32: TTFT uncached [\d.]+ ms, cached [\d.]+ ms \(512 tokens/);
 
   // 3. Bad options: exit 1 and an error naming the problem (checked before the model loads).
   const bad = [
@@ -103,6 +103,57 @@ try {
   const missing = spawnSync(BIN, ['bench', 'serve', '--model', path.join(tmp, 'nope')], { encoding: 'utf8', env });
   assert.equal(missing.status, 1);
   assert.match(missing.stderr, /nope/);
+  // 4. --url: the same load through a real `fathom serve`, streamed /v1/completions.
+  const server = spawn(BIN, ['serve', '--model', modelDir, '--port', '0', '--max-batch', '8', '--api-key', 'k1'],
+                       { stdio: ['ignore', 'pipe', 'inherit'], env });
+  try {
+    let timer;
+    const url = await new Promise((resolve, reject) => {
+      let out = '';
+      server.stdout.on('data', (d) => {
+        out += d;
+        const m = out.match(/listening on (http:\/\/[^\s]+)/);
+        if (m) resolve(m[1]);
+      });
+      server.on('exit', (code) => reject(new Error(`server exited with ${code}`)));
+      timer = setTimeout(() => reject(new Error('server did not start in 60 s')), 60000);
+    }).finally(() => clearTimeout(timer));
+    const run = (args) => new Promise((resolve) => {
+      const p = spawn(BIN, ['bench', 'serve', '--model', modelDir, '--url', url, ...args], { env });
+      let stdout = '', stderr = '';
+      p.stdout.on('data', (d) => { stdout += d; });
+      p.stderr.on('data', (d) => { stderr += d; });
+      p.on('exit', (status) => resolve({ status, stdout, stderr }));
+    });
+    const h = await run(['--api-key', 'k1', '--concurrency', '1,3', '--prompt-tokens', '16', '--gen-tokens', '6',
+                         '--prefix-tokens', '128', '--json']);
+    assert.equal(h.status, 0, h.stderr);
+    const hl = h.stdout.trim().split('\n');
+    const hj = JSON.parse(hl[hl.length - 1]);
+    assert.equal(hj.mode, 'http');
+    for (const l of hj.levels) {
+      assert.equal(l.requests, l.concurrency);
+      assert.equal(l.output_tokens, l.concurrency * 6, 'usage.completion_tokens of every request');
+      assert.equal(l.ttft_ms.n, l.concurrency);
+      assert.equal(l.decode, null, 'no step roofline over HTTP');
+    }
+    assert.equal(hj.prefix.cached_tokens, 128, 'usage.prompt_tokens_details.cached_tokens');
+    // A second run against the same server still measures an uncached prefix.
+    const again = await run(['--api-key', 'k1', '--concurrency', '1', '--prompt-tokens', '16', '--gen-tokens', '2',
+                             '--prefix-tokens', '128', '--json']);
+    assert.equal(again.status, 0, again.stderr);
+    const noKey = await run(['--concurrency', '1']);
+    assert.equal(noKey.status, 1);
+    assert.match(noKey.stderr, /HTTP 401/);
+    const wrongName = await run(['--api-key', 'k1', '--served-model', 'nope']);
+    assert.equal(wrongName.status, 1);
+    assert.match(wrongName.stderr, /does not serve a model named 'nope'/);
+  } finally {
+    server.kill('SIGTERM');
+  }
+  const down = bench(['--url', 'http://127.0.0.1:1', '--concurrency', '1']);
+  assert.equal(down.status, 1);
+  assert.match(down.stderr, /cannot reach http:\/\/127\.0\.0\.1:1/);
   console.log('bench serve smoke: ok');
 } finally {
   fs.rmSync(tmp, { recursive: true, force: true });
