@@ -22,8 +22,8 @@
 namespace fathom::agent {
 
 struct AgentOptions {
-  std::string endpoint = "http://127.0.0.1:8080/v1";
-  std::string model;
+  std::string endpoint = "http://127.0.0.1:8000/v1";
+  std::string model = "default";  // fathom serve answers to "default"
   std::string api_key;
   std::vector<std::string> plugins;  // "[NAME=]CMD ARGS", allowed by default
   std::string plugins_dir;           // manifests; watched for hot-swap

@@ -15,7 +15,7 @@
 namespace fathom::agent {
 
 struct ChatClientOptions {
-  std::string endpoint;  // base URL, e.g. http://127.0.0.1:8080/v1 (…/chat/completions is appended)
+  std::string endpoint;  // base URL, e.g. http://127.0.0.1:8000/v1 (…/chat/completions is appended)
   std::string model;
   std::string api_key;  // sent as a Bearer token when not empty
   bool stream = true;

@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
 #include "base/log.h"
 #include "base/strings.h"
 #include "cli/args.h"
@@ -27,6 +30,19 @@ std::string default_model_name(const std::string& path) {
   std::string name = p.filename().string();
   if (ends_with(name, ".gguf")) name.resize(name.size() - 5);
   return name.empty() ? "model" : name;
+}
+
+// --test-outputs FILE: a JSON array of strings, the outputs forced on successive chat completions.
+Result<std::vector<std::string>> read_test_outputs(const std::string& path) {
+  const std::string text = TRY(read_file(path));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) return invalid_argument("{}: expected a JSON array of strings", path);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_string()) return invalid_argument("{}: element {} is not a string", path, i);
+    out.push_back(j[i].get<std::string>());
+  }
+  return out;
 }
 
 int run_serve(int argc, char** argv) {
@@ -55,10 +71,21 @@ int run_serve(int argc, char** argv) {
   args.flag("--no-speculative", &no_spec, "do not use the MTP module for speculative decoding");
   args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
+  std::string test_outputs;
+  args.option("--test-outputs", &test_outputs,
+              "testing only: JSON array of texts forced, in order, on chat completions without "
+              "\"fathom_test_output\" (implies --enable-test-hooks)",
+              "FILE");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
   if (model_path.empty()) return fail(args.command(), invalid_argument("--model is required"));
+  if (!test_outputs.empty()) {
+    auto outs = read_test_outputs(test_outputs);
+    if (!outs.ok()) return fail(args.command(), outs.status());
+    so.test_outputs = std::move(*outs);
+    so.enable_test_hooks = true;
+  }
   if (kv_gb <= 0 || kv_gb > 4096) return fail(args.command(), invalid_argument("--kv-cache-gb {} is out of range", kv_gb));
   if (max_body_mb < 1) return fail(args.command(), invalid_argument("--max-body-mb must be at least 1"));
   auto kvd = parse_mla_kv_dtype(kv_dtype);

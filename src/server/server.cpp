@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "base/log.h"
 #include "server/openai.h"
@@ -141,10 +142,19 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   gen.prompt = std::move(*prompt);
   gen.json_object = cr.json_object;
   if (ctx.tools_active) gen.keep_special_tokens = tool_marker_ids;
-  if (options.enable_test_hooks && body.contains("fathom_test_output") && body["fathom_test_output"].is_string()) {
-    auto forced = model->tokenizer().encode(body["fathom_test_output"].get<std::string>());
-    if (!forced.ok()) return send_error(res, api_error_from_status(forced.status(), "fathom_test_output"));
-    gen.forced_output = std::move(*forced);
+  if (options.enable_test_hooks) {
+    std::optional<std::string> text;
+    if (body.contains("fathom_test_output") && body["fathom_test_output"].is_string()) {
+      text = body["fathom_test_output"].get<std::string>();
+    } else {
+      std::lock_guard<std::mutex> lock(mu);
+      if (next_test_output < options.test_outputs.size()) text = options.test_outputs[next_test_output++];
+    }
+    if (text) {
+      auto forced = model->tokenizer().encode(*text);
+      if (!forced.ok()) return send_error(res, api_error_from_status(forced.status(), "fathom_test_output"));
+      gen.forced_output = std::move(*forced);
+    }
   }
   const int64_t room = model->max_context() - static_cast<int64_t>(gen.prompt.size());
   gen.max_tokens = cr.max_tokens ? std::min<int64_t>(*cr.max_tokens, std::max<int64_t>(room, 1)) : std::max<int64_t>(room, 1);
@@ -283,7 +293,9 @@ bool Server::Impl::write_chat_deltas(StreamState& st, const GenerationEvent& ev,
   }
   const bool end = ev.finish != FinishReason::kNone;
   const bool truncated = end && !st.parser.error().ok();
-  const size_t complete = truncated ? st.pending_calls.size() - 1 : (end ? st.pending_calls.size() : (st.pending_calls.empty() ? 0 : st.pending_calls.size() - 1));
+  // Every call but the last is complete; the last one too once the output ended cleanly.
+  const size_t n_pending = st.pending_calls.size();
+  const size_t complete = end && !truncated ? n_pending : (n_pending == 0 ? 0 : n_pending - 1);
   for (; st.n_calls < complete; ++st.n_calls) {
     for (const auto& d : st.pending_calls[st.n_calls]) {
       json tc = {{"index", d.index}};

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -31,6 +32,9 @@ struct ServerOptions {
   // Testing only: honour a request field "fathom_test_output" (text the model is made to emit,
   // special tokens included) so tool-call round trips can be tested with random weights.
   bool enable_test_hooks = false;
+  // Testing only (with enable_test_hooks): outputs forced, in order, on the chat completions that
+  // carry no "fathom_test_output" — so a client that cannot add fields (the agent) can be scripted.
+  std::vector<std::string> test_outputs;
 };
 
 class Server {

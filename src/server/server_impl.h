@@ -47,6 +47,7 @@ struct Server::Impl {
   std::vector<int32_t> tool_marker_ids;
   std::mutex mu;
   std::map<std::pair<std::string, int>, int64_t> requests;  // (route, status) -> count
+  size_t next_test_output = 0;                               // into options.test_outputs (under mu)
 
   struct Collected {
     std::string text;

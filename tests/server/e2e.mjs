@@ -146,6 +146,42 @@ await check('streamed tool call arrives as tool_calls deltas', async () => {
   assert.ok(!SPECIALS.test(content));
 });
 
+// Malformed tool-call markup (as a random or confused model emits it) must never take the server
+// down: streamed and not, each output ends with a finish_reason and the server keeps serving.
+const MALFORMED = [
+  'text <｜tool▁call▁begin｜> junk <｜tool▁sep｜>',
+  '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+  'a <｜tool▁calls▁begin｜>',
+  'b <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city"',
+  '<｜tool▁outputs▁begin｜> x <｜tool▁call▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜><｜tool▁sep｜>',
+  '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>' +
+    '<｜tool▁call▁begin｜>function<｜tool▁sep｜>',
+];
+await check('malformed tool-call markup never crashes the server (streamed and not)', async () => {
+  for (const out of MALFORMED) {
+    const r = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools,
+                                                    fathom_test_output: out });
+    assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason), out);
+    const s = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools,
+                                                    stream: true, fathom_test_output: out });
+    let finish = null;
+    for await (const chunk of s) if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    assert.ok(['stop', 'length', 'tool_calls'].includes(finish), out);
+  }
+  assert.equal((await raw('GET', '/health')).status, 200);
+});
+
+await check('free-running random output with tools (special tokens kept) streams to a finish', async () => {
+  for (let seed = 1; seed <= 6; ++seed) {
+    const s = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools, stream: true,
+                                                    temperature: 1.5, seed, max_tokens: 300 });
+    let finish = null;
+    for await (const chunk of s) if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    assert.ok(['stop', 'length', 'tool_calls'].includes(finish), `seed ${seed}`);
+  }
+  assert.equal((await raw('GET', '/health')).status, 200);
+});
+
 await check('a call cut off by max_tokens comes back as plain content with finish_reason length', async () => {
   const r = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools, max_tokens: 8,
                                                    fathom_test_output: CALL });
