@@ -1,8 +1,9 @@
 // `fathom bench serve`: serving throughput and latency of the engine at several concurrencies,
 // the roofline of its batched decode steps, and the prefix cache's effect on time-to-first-token
 // — against this machine's bandwidth and peak arithmetic measured in the same run.
-// The engine runs in-process (the HTTP server's overhead is excluded); the load generator is in
-// bench_serve_run.cpp.
+// The engine runs in-process (the HTTP server's overhead is excluded), or with --url a running
+// server is measured through HTTP (bench_serve_http.cpp); the load generator is in
+// bench_serve_run.cpp. This file: options, machine measurement, engine set-up, output.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -66,6 +67,9 @@ Status validate(BenchServeOptions& o) {
   }
   if (o.prefill_chunk < 1) return invalid_argument("--prefill-chunk {} must be at least 1", o.prefill_chunk);
   if (o.kv_cache_gb && !(*o.kv_cache_gb > 0)) return invalid_argument("--kv-cache-gb must be positive");
+  if (o.url.empty() && (!o.api_key.empty() || o.served_model != "default")) {
+    return invalid_argument("--api-key and --served-model apply to a server: give its --url");
+  }
   if (!o.url.empty() && o.url.rfind("http://", 0) != 0 && o.url.rfind("https://", 0) != 0) {
     return invalid_argument("--url '{}' must start with http:// or https://", o.url);
   }

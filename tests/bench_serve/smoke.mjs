@@ -93,6 +93,8 @@ try {
     [['--kv-cache-gb', '0'], /--kv-cache-gb/],
     [['--prefix-tokens', '100000'], /--prefix-tokens 100000 \+ --prompt-tokens 128 exceed the model's context/],
     [['--bogus'], /--bogus/],
+    [['--api-key', 'k'], /--api-key and --served-model apply to a server: give its --url/],
+    [['--url', 'ftp://x'], /--url 'ftp:\/\/x' must start with http:\/\//],
   ];
   for (const [args, re] of bad) {
     const b = bench(args);
