@@ -435,6 +435,8 @@ void Engine::Impl::fail_all(const Status& st) {
 }
 
 bool Engine::Impl::step() {
+  Timer step_clock;
+  EngineStepReport report;
   // Cancelled requests give their pages back first.
   for (auto it = running.begin(); it != running.end();) {
     if ((*it)->stream->cancelled()) {
@@ -507,6 +509,8 @@ bool Engine::Impl::step() {
     batch_tokens.insert(batch_tokens.end(), feed.begin(), feed.end());
     s->sample_now = s->feed_begin + static_cast<int64_t>(feed.size()) >= static_cast<int64_t>(s->tokens.size());
     batch.push_back(SeqBatch{s->cache_seq, s->feed_begin, static_cast<int64_t>(feed.size()), s->n_feed == 2 && s->draft.has_value()});
+    const bool decoding = s->feed_begin + 1 == static_cast<int64_t>(s->tokens.size());
+    (decoding ? report.n_decode_tokens : report.n_prefill_tokens) += static_cast<int64_t>(feed.size());
     in_batch.push_back(s);
   }
   if (batch.empty()) {
@@ -515,11 +519,15 @@ bool Engine::Impl::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return false;
   }
+  Timer forward_clock;
   auto fr = model->forward(batch, batch_tokens, *cache, logits.data(), spec ? hidden.data() : nullptr);
   if (!fr.ok()) {
     fail_all(fr.status());
     return false;
   }
+  report.forward_seconds = forward_clock.elapsed_s();
+  report.forward = fr->stats;
+  report.n_seqs = static_cast<int64_t>(batch.size());
   // Sample, verify drafts, emit; collect the MTP rows (positions whose next token is known).
   const int64_t V = model->config().vocab_size, H = model->config().hidden_size;
   int64_t logit_row = 0;
@@ -601,7 +609,10 @@ bool Engine::Impl::step() {
       who.push_back(r.draft ? r.s : nullptr);
     }
     if (!mb.empty()) {
+      Timer mtp_clock;
       auto mr = model->mtp_forward(mb, mtp_tokens, mh.data(), *cache, mtp_logits.data());
+      report.mtp_seconds = mtp_clock.elapsed_s();
+      if (mr.ok()) report.mtp = mr->stats;
       if (!mr.ok()) {
         log_warn("MTP draft failed ({}); continuing without speculation", mr.status().to_string());
         spec = false;
@@ -629,6 +640,8 @@ bool Engine::Impl::step() {
     }
   }
   ++stats.steps;
+  report.step_seconds = step_clock.elapsed_s();
+  if (options.on_step) options.on_step(report);  // before publish: a published step was reported
   publish();
   return true;
 }

@@ -96,6 +96,20 @@ class RequestStream {
   std::atomic<bool> cancelled_{false};
 };
 
+// What one engine step ran, for benchmarks (EngineOptions::on_step). Called on the engine thread
+// after the step's forward calls and sampling; the observer must be quick and must not call back
+// into the engine.
+struct EngineStepReport {
+  int64_t n_seqs = 0;            // sequences in the forward call
+  int64_t n_decode_tokens = 0;   // new tokens of decoding sequences (2 with a draft to verify)
+  int64_t n_prefill_tokens = 0;  // prompt (or recompute) tokens of prefilling sequences
+  double forward_seconds = 0;    // Model::forward
+  double mtp_seconds = 0;        // Model::mtp_forward (drafting), 0 without speculation
+  double step_seconds = 0;       // the whole step: scheduling, forward calls, sampling, streaming
+  ForwardStats forward;          // bytes and FLOPs of Model::forward
+  ForwardStats mtp;              // of Model::mtp_forward
+};
+
 struct EngineOptions {
   int max_running = 32;              // sequences decoding at once
   int64_t prefill_chunk = 512;       // prefill tokens per step (chunked prefill budget)
@@ -107,6 +121,7 @@ struct EngineOptions {
   // KV-cache storage tier (kv_tier.h): kv_store.server "HOST:PORT" writes full pages through to
   // a storage server and reads a prompt's stored prefix back before admission; empty: off.
   KvTierOptions kv_store;
+  std::function<void(const EngineStepReport&)> on_step;  // optional per-step observer
 };
 
 // A fixed-bucket latency histogram (Prometheus semantics: cumulative buckets, sum, count).

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "base/fs.h"
@@ -267,6 +268,56 @@ TEST_F(EngineTest, RejectsWhatCannotRun) {
   GenerationRequest bad = greedy_request(prompt(5, 1), 4);
   bad.sampling.top_p = 0;
   EXPECT_EQ((*engine)->submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The step observer (what `fathom bench serve` builds its roofline from) accounts for every
+// token: prompt tokens as prefill, every output token but each request's first (which comes from
+// its last prefill chunk) as decode; and the reported forward figures are those of the batch.
+TEST_F(EngineTest, StepReportsAccountForEveryPromptAndDecodeToken) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  std::mutex mu;
+  std::vector<EngineStepReport> steps;
+  EngineOptions eo;
+  eo.max_running = 4;
+  eo.prefill_chunk = 48;
+  eo.prefix_cache = false;
+  eo.speculative = false;
+  eo.on_step = [&](const EngineStepReport& r) {
+    std::lock_guard lock(mu);
+    steps.push_back(r);
+  };
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  Rng rng(4242);
+  int64_t prompt_total = 0, gen_total = 0;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) {
+    const int n = 10 + static_cast<int>(rng.below(90));
+    const int64_t gen = 3 + static_cast<int64_t>(rng.below(12));
+    prompt_total += n;
+    gen_total += gen;
+    auto s = (*engine)->submit(greedy_request(prompt(n, 500 + i), gen));
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    streams.push_back(*s);
+  }
+  for (auto& s : streams) EXPECT_EQ(drain(s).finish, FinishReason::kLength);
+  engine->reset();  // joins the engine thread: every step has been reported
+  int64_t prefill = 0, decode = 0;
+  for (const EngineStepReport& r : steps) {
+    prefill += r.n_prefill_tokens;
+    decode += r.n_decode_tokens;
+    EXPECT_GE(r.n_seqs, 1);
+    EXPECT_LE(r.n_seqs, 4);
+    EXPECT_LE(r.n_decode_tokens, r.n_seqs);  // one token per decoding sequence without drafts
+    EXPECT_GT(r.forward.weight_bytes, 0);
+    EXPECT_GT(r.forward.linear_flops, 0);
+    EXPECT_GE(r.step_seconds, r.forward_seconds);
+    EXPECT_EQ(r.mtp_seconds, 0);
+    EXPECT_EQ(r.forward.experts_read, 0);  // a dense model
+  }
+  EXPECT_EQ(prefill, prompt_total);
+  EXPECT_EQ(decode, gen_total - static_cast<int64_t>(streams.size()));
 }
 
 }  // namespace

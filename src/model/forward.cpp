@@ -249,6 +249,7 @@ void Model::Impl::count_experts(const LayerWeights& L, int64_t T) {
     const ExpertWeights& ex = L.experts[static_cast<size_t>(e)];
     stats.linear_flops += 2.0 * static_cast<double>(ex.gate.rows * ex.gate.cols * 2 + ex.down.rows * ex.down.cols);
     if (expert_used[static_cast<size_t>(e)]++ == 0 && ex.gate.data != nullptr) {
+      stats.experts_read += 1;
       stats.weight_bytes += static_cast<double>(dtype_bytes(ex.gate.dtype, static_cast<uint64_t>(ex.gate.rows * ex.gate.cols)) * 2 +
                                                 dtype_bytes(ex.down.dtype, static_cast<uint64_t>(ex.down.rows * ex.down.cols)));
     }

@@ -76,6 +76,7 @@ struct ForwardStats {
   double linear_flops = 0;    // 2 * rows * cols * tokens over every linear layer
   double attention_flops = 0; // QK^T and PV (both forms)
   double kv_bytes = 0;        // latent cache bytes read by attention
+  double experts_read = 0;    // distinct routed experts used, summed over MoE layers
 };
 
 struct ForwardResult {

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "base/fs.h"
 #include "base/rng.h"
@@ -305,6 +307,41 @@ TEST_F(ModelTest, RejectsBadCheckpointsAndInputsWithNamedErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos) << r.status().message();
   EXPECT_FALSE(Model::load(dir() + "/nope", mo).ok());
+}
+
+// ForwardStats counts each routed expert a forward call selected once per MoE layer (what a
+// batched step must read), whatever number of tokens chose it: checked against the router's
+// choices recorded by the routing trace.
+TEST_F(ModelTest, StatsCountEachSelectedExpertOncePerLayer) {
+  auto m = load("tiny-bf16");
+  ASSERT_TRUE(m);
+  const ModelConfig& c = m->config();
+  const uint64_t seed = testing::UnitTest::GetInstance()->random_seed() + 11;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const std::vector<int32_t> tokens = prompt(*m, 24, seed);
+  KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 1);
+  ko.capacity_bytes = static_cast<uint64_t>(4 * ko.format.page_bytes() * ko.n_layers);
+  auto cache = KvCache::create(ko);
+  ASSERT_TRUE(cache.ok());
+  auto seq = (*cache)->add_sequence();
+  ASSERT_TRUE(seq.ok());
+  ASSERT_TRUE((*cache)->append(*seq, tokens).ok());
+  RoutingTrace trace;
+  m->set_routing_trace(&trace);
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  const SeqBatch b{*seq, 0, static_cast<int64_t>(tokens.size()), false};
+  auto r = m->forward(std::span<const SeqBatch>(&b, 1), tokens, **cache, logits.data());
+  m->set_routing_trace(nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::map<int64_t, std::set<int32_t>> used;  // layer -> distinct experts
+  for (const auto& [key, ids] : trace.ids) used[key.first].insert(ids.begin(), ids.end());
+  double expected = 0;
+  for (const auto& [layer, experts] : used) expected += static_cast<double>(experts.size());
+  ASSERT_EQ(static_cast<int64_t>(used.size()), c.num_hidden_layers - c.first_k_dense_replace);
+  EXPECT_EQ(r->stats.experts_read, expected);
+  const size_t k = static_cast<size_t>(c.num_experts_per_tok);
+  const double choices = static_cast<double>(used.size() * tokens.size() * k);
+  EXPECT_LT(expected, choices);  // tokens shared experts: counting per choice would be more
 }
 
 }  // namespace
