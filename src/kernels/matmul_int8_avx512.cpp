@@ -71,8 +71,11 @@ inline void store_y(float* y, bool accumulate, float v) {
   *y = accumulate ? *y + v : v;
 }
 
+// `next`/`next_rows`: the following group of rows, prefetched at the columns this group reads (see
+// fp8_matvec_group: short rows defeat the hardware prefetcher).
 template <DType D, int R, int M>
-void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                  const uint8_t* next = nullptr, int next_rows = 0) {
   constexpr int64_t bb = block_bytes<D>();
   const int64_t nb = w.cols / 32, row_bytes = nb * bb;
   const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * row_bytes;
@@ -84,6 +87,11 @@ void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, 
   }
   const int64_t xs = x.stride, ls = x.stride / 4;
   auto step = [&](int64_t b, bool two) {
+    for (int i = 0; i < next_rows; ++i) {
+      const char* p = reinterpret_cast<const char*>(next + i * row_bytes + b * bb);
+      _mm_prefetch(p, _MM_HINT_T0);
+      _mm_prefetch(p + 64, _MM_HINT_T0);
+    }
     FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m512i wq = load_q64<D>(row0 + i * row_bytes, b, two);
@@ -115,19 +123,27 @@ void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, 
 }
 
 // R weight rows against every activation row, in groups of 4, while the rows stay in L1.
+// The first pass over the rows prefetches the next group (`next_rows` rows from row r + R).
 template <DType D, int R>
-void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                int next_rows = 0) {
+  const int64_t row_bytes = w.cols / 32 * block_bytes<D>();
+  const uint8_t* next = static_cast<const uint8_t*>(w.data) + (r + R) * row_bytes;
   int64_t i = 0;
-  for (; i + 4 <= x.m; i += 4) matvec_group<D, R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  for (; i + 4 <= x.m; i += 4) {
+    matvec_group<D, R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r, next,
+                          i == 0 ? next_rows : 0);
+  }
+  const int nr = i == 0 ? next_rows : 0;
   switch (x.m - i) {
     case 1:
-      matvec_group<D, R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      matvec_group<D, R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r, next, nr);
       break;
     case 2:
-      matvec_group<D, R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      matvec_group<D, R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r, next, nr);
       break;
     case 3:
-      matvec_group<D, R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      matvec_group<D, R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r, next, nr);
       break;
     default:
       break;
@@ -138,7 +154,8 @@ template <DType D>
 void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) matvec_all<D, 4>(w, x, y, ldy, accumulate, r);
+  for (; r + 4 <= r1; r += 4)
+    matvec_all<D, 4>(w, x, y, ldy, accumulate, r, static_cast<int>(std::min<int64_t>(4, r1 - r - 4)));
   for (; r < r1; ++r) matvec_all<D, 1>(w, x, y, ldy, accumulate, r);
 }
 
