@@ -140,7 +140,10 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
     return invalid_argument("engine: max_running {} exceeds the model's max_sequences {}", options.max_running,
                             model.options().max_sequences);
   }
-  const KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes, options.max_running + 1);
+  KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes, options.max_running + 1);
+  // Without speculation the MTP layer's cache would never be written, so no page would ever be
+  // complete enough to publish (no prefix cache, no store tier): leave that layer out.
+  if (!(options.speculative && model.has_mtp())) ko.n_layers = static_cast<int>(model.config().num_hidden_layers);
   impl->cache = TRY(KvCache::create(ko));
   if (!options.kv_store.server.empty()) {
     if (!options.prefix_cache) return invalid_argument("engine: the KV store tier needs the prefix cache on");

@@ -188,23 +188,29 @@ TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
 
 TEST_F(EngineTest, PrefixCacheSkipsSharedPagesAndKeepsOutputs) {
   auto m = load();
-  ASSERT_TRUE(m);
-  EngineOptions eo;
-  eo.max_running = 4;
-  eo.prefill_chunk = 64;
-  eo.kv_cache_bytes = 8 << 20;
-  auto engine = Engine::create(*m, eo);
-  ASSERT_TRUE(engine.ok());
-  const auto shared = prompt(200, 6);
-  auto a_prompt = shared, b_prompt = shared;
-  a_prompt.push_back(11);
-  b_prompt.push_back(12);
-  const Outcome a = drain(*(*engine)->submit(greedy_request(a_prompt, 6)));
-  const Outcome b = drain(*(*engine)->submit(greedy_request(b_prompt, 6)));
-  engine = internal_error("stopped");  // the engine thread must be gone before the reference runs
-  EXPECT_EQ(a.usage.cached_tokens, 0);
-  EXPECT_EQ(b.usage.cached_tokens, 192);  // three full pages of the shared 200 tokens
-  EXPECT_EQ(greedy_violations(*m, b_prompt, b.tokens), 0);
+  ASSERT_TRUE(m && m->has_mtp());
+  // With speculation off too: an MTP checkpoint's unused MTP layer must not keep pages from
+  // being published.
+  for (bool spec : {true, false}) {
+    SCOPED_TRACE(spec ? "speculative" : "no speculation");
+    EngineOptions eo;
+    eo.max_running = 4;
+    eo.prefill_chunk = 64;
+    eo.kv_cache_bytes = 8 << 20;
+    eo.speculative = spec;
+    auto engine = Engine::create(*m, eo);
+    ASSERT_TRUE(engine.ok());
+    const auto shared = prompt(200, 6);
+    auto a_prompt = shared, b_prompt = shared;
+    a_prompt.push_back(11);
+    b_prompt.push_back(12);
+    const Outcome a = drain(*(*engine)->submit(greedy_request(a_prompt, 6)));
+    const Outcome b = drain(*(*engine)->submit(greedy_request(b_prompt, 6)));
+    engine = internal_error("stopped");  // the engine thread must be gone before the reference runs
+    EXPECT_EQ(a.usage.cached_tokens, 0);
+    EXPECT_EQ(b.usage.cached_tokens, 192);  // three full pages of the shared 200 tokens
+    EXPECT_EQ(greedy_violations(*m, b_prompt, b.tokens), 0);
+  }
 }
 
 TEST_F(EngineTest, CancelledRequestsFreeTheirPages) {
