@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <random>
-#include <regex>
 #include <set>
 
 #include "tokenizer/tokenizer.h"
@@ -166,17 +165,26 @@ bool parse_messages(const json& body, std::vector<ChatMessage>* out, ApiError* e
   return true;
 }
 
+// OpenAI's rule for function names: ^[a-zA-Z0-9_-]{1,64}$.
+bool valid_tool_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 bool parse_tools(const json& body, ChatRequest& r, ApiError* e) {
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) return fail(e, "tools", "'tools' must be an array");
-    static const std::regex kName("^[a-zA-Z0-9_-]{1,64}$");
     for (size_t i = 0; i < body["tools"].size(); ++i) {
       const json& t = body["tools"][i];
       if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
           !t["function"]["name"].is_string()) {
         return fail(e, fmt::format("tools[{}]", i), "each tool needs {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
-      if (!std::regex_match(t["function"]["name"].get<std::string>(), kName)) {
+      if (!valid_tool_name(t["function"]["name"].get<std::string>())) {
         return fail(e, fmt::format("tools[{}].function.name", i), "tool names must match ^[a-zA-Z0-9_-]{1,64}$");
       }
     }

@@ -64,6 +64,9 @@ TEST(OpenAiParse, RejectsBadFieldsNamingTheParameter) {
       {{{"messages", json::array({json{{"role", "system"}, {"content", "x"}}})}}, "messages"},
       {{{"tool_choice", "required"}}, "tool_choice"},
       {{{"tools", json::array({json{{"type", "function"}, {"function", {{"name", "bad name!"}}}}})}}, "tools[0].function.name"},
+      {{{"tools", json::array({json{{"type", "function"}, {"function", {{"name", std::string(65, 'a')}}}}})}},
+       "tools[0].function.name"},
+      {{{"tools", json::array({json{{"type", "function"}, {"function", {{"name", ""}}}}})}}, "tools[0].function.name"},
   };
   for (const auto& c : cases) {
     json b = base_chat();
