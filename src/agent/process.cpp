@@ -44,7 +44,10 @@ void close_fd(int& fd) {
 
 std::string find_in_path(const std::string& name, const std::string& path_env) {
   if (name.find('/') != std::string::npos) return name;
-  for (auto dir : split(path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env, ':')) {
+  // Named: split() returns views into it, and a temporary in the range-for initialiser would be
+  // destroyed before the loop body runs (a use-after-free ASan found).
+  const std::string dirs = path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env;
+  for (auto dir : split(dirs, ':')) {
     std::string candidate = std::string(dir.empty() ? "." : dir) + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
