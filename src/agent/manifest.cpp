@@ -6,6 +6,7 @@
 
 #include "agent/plugin_host.h"
 #include "agent/process.h"
+#include "agent/toml_json.h"
 #include "base/fs.h"
 #include "base/strings.h"
 
@@ -13,26 +14,6 @@ namespace fathom::agent {
 namespace {
 
 using json = nlohmann::json;
-
-// TOML -> JSON so both formats go through one reader.
-json toml_to_json(const toml::node& n) {
-  if (auto* t = n.as_table()) {
-    json j = json::object();
-    for (auto& [k, v] : *t) j[std::string(k.str())] = toml_to_json(v);
-    return j;
-  }
-  if (auto* a = n.as_array()) {
-    json j = json::array();
-    for (auto& v : *a) j.push_back(toml_to_json(v));
-    return j;
-  }
-  // By node type: value<T>() would convert a boolean to an integer.
-  if (n.is_string()) return *n.value<std::string>();
-  if (n.is_boolean()) return *n.value<bool>();
-  if (n.is_integer()) return *n.value<int64_t>();
-  if (n.is_floating_point()) return *n.value<double>();
-  return nullptr;
-}
 
 std::string substitute(std::string s, const std::map<std::string, std::string>& vars) {
   for (const auto& [k, v] : vars)
@@ -244,6 +225,25 @@ Result<PluginManifest> manifest_from_command_line(const std::string& spec, const
         m.name);
   add_install_paths(m);
   return m;
+}
+
+json toml_to_json(const toml::node& n) {
+  if (auto* t = n.as_table()) {
+    json j = json::object();
+    for (auto& [k, v] : *t) j[std::string(k.str())] = toml_to_json(v);
+    return j;
+  }
+  if (auto* a = n.as_array()) {
+    json j = json::array();
+    for (auto& v : *a) j.push_back(toml_to_json(v));
+    return j;
+  }
+  // By node type: value<T>() would convert a boolean to an integer.
+  if (n.is_string()) return *n.value<std::string>();
+  if (n.is_boolean()) return *n.value<bool>();
+  if (n.is_integer()) return *n.value<int64_t>();
+  if (n.is_floating_point()) return *n.value<double>();
+  return nullptr;
 }
 
 }  // namespace fathom::agent

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "agent/regex.h"
+#include "agent/toml_json.h"
 #include "base/fs.h"
 #include "base/strings.h"
 
@@ -35,25 +36,6 @@ Result<Decision> parse_decision(std::string_view s, std::string_view where) {
 }
 
 namespace {
-
-json toml_node_to_json(const toml::node& n) {
-  if (auto* t = n.as_table()) {
-    json j = json::object();
-    for (auto& [k, v] : *t) j[std::string(k.str())] = toml_node_to_json(v);
-    return j;
-  }
-  if (auto* a = n.as_array()) {
-    json j = json::array();
-    for (auto& v : *a) j.push_back(toml_node_to_json(v));
-    return j;
-  }
-  // By node type: value<T>() would convert a boolean to an integer.
-  if (n.is_string()) return *n.value<std::string>();
-  if (n.is_boolean()) return *n.value<bool>();
-  if (n.is_integer()) return *n.value<int64_t>();
-  if (n.is_floating_point()) return *n.value<double>();
-  return nullptr;
-}
 
 bool matches(const std::string& pattern, const std::string& value) {
   if (starts_with(pattern, "re:")) {
@@ -112,7 +94,7 @@ Result<Policy> Policy::load(const std::string& path) {
   json j;
   if (ends_with(path, ".toml")) {
     try {
-      j = toml_node_to_json(toml::parse(text, path));
+      j = toml_to_json(toml::parse(text, path));
     } catch (const toml::parse_error& e) {
       return invalid_argument("{}: line {}: {}", path, e.source().begin.line, e.description());
     }
