@@ -28,7 +28,6 @@ inline __mmask64 lanes64(int64_t n) {
 
 // Natural order: A = bytes 0-31, B = bytes 32-63, through the 4-register magnitude table.
 struct Fp8TableConv {
-  static constexpr bool kPermuted = false;
   E4m3ToBf16 t;
   inline void convert64(const uint8_t* p, __mmask64 mask, __m512i& a, __m512i& b) const {
     const __m512i v = _mm512_maskz_loadu_epi8(mask, p);

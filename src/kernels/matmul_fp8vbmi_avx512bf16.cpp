@@ -22,7 +22,6 @@ struct ByteTables {
 inline constexpr ByteTables kByteTables{};
 
 struct Fp8VbmiConv {
-  static constexpr bool kPermuted = true;
   __m512i lo0, lo1, hi0, hi1;
   Fp8VbmiConv()
       : lo0(_mm512_load_si512(kByteTables.lo)),

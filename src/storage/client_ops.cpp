@@ -32,7 +32,8 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
   }
   const Plan requests = plan(tgt, ok, [&](size_t i) { return items[i].data.size(); });
   run_all(requests.size(), [&](size_t r) {
-    const auto& [server, idx] = requests[r];
+    const auto& server = requests[r].first;
+    const auto& idx = requests[r].second;
     std::vector<wire::WriteReqItem> req;
     Call c{.msg = static_cast<uint16_t>(wire::MsgId::kWrite), .request_id = next_request()};
     for (size_t i : idx) {
@@ -180,7 +181,8 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
     return items[i].dest.empty() ? uint64_t{1} << 20 : static_cast<uint64_t>(items[i].dest.size());
   });
   run_all(requests.size(), [&](size_t r) {
-    const auto& [server, idx] = requests[r];
+    const auto& server = requests[r].first;
+    const auto& idx = requests[r].second;
     std::vector<wire::ReadReqItem> req;
     for (size_t i : idx) {
       const TargetInfo& t = targets_[tgt[i]];
@@ -221,7 +223,8 @@ void ClientImpl::stat(std::span<const std::string_view> ids, std::span<ChunkStat
   }
   const Plan requests = plan(tgt, ok, [](size_t) { return uint64_t{0}; });
   run_all(requests.size(), [&](size_t r) {
-    const auto& [server, idx] = requests[r];
+    const auto& server = requests[r].first;
+    const auto& idx = requests[r].second;
     std::vector<wire::IdReqItem> req;
     for (size_t i : idx) {
       const TargetInfo& t = targets_[tgt[i]];
@@ -265,7 +268,8 @@ Status ClientImpl::remove(std::span<const std::string_view> ids, std::span<bool>
   const Plan requests = plan(tgt, ok, [](size_t) { return uint64_t{0}; });
   std::vector<Status> errors(requests.size());
   run_all(requests.size(), [&](size_t r) {
-    const auto& [server, idx] = requests[r];
+    const auto& server = requests[r].first;
+    const auto& idx = requests[r].second;
     std::vector<wire::IdReqItem> req;
     for (size_t i : idx) {
       const TargetInfo& t = targets_[tgt[i]];
