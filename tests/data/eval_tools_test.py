@@ -45,6 +45,30 @@ def forced_outputs(requests):
     return outs, want
 
 
+def corpus_replies(tmp):
+    """Tool-call documents of the generated corpus, rendered by `fathom corpus render`: the request
+    (as a held-out-style set) and the reply the model is trained to give, to force on the server."""
+    calls = [line for line in open(os.path.join(tmp, "chat.jsonl"), encoding="utf-8")
+             if json.loads(line).get("render") == "tool_call_completion"][:6]
+    assert calls
+    src, rendered = os.path.join(tmp, "calls.jsonl"), os.path.join(tmp, "calls.rendered.jsonl")
+    with open(src, "w", encoding="utf-8") as f:
+        f.writelines(calls)
+    subprocess.run([BIN, "corpus", "render", "--out", rendered, src], check=True, stderr=subprocess.DEVNULL)
+    texts = [json.loads(line)["text"] for line in open(rendered, encoding="utf-8")]
+    assistant, eos = "<｜Assistant｜>", "<｜end▁of▁sentence｜>"
+    outs, set_path = [], os.path.join(tmp, "corpus_set.jsonl")
+    with open(set_path, "w", encoding="utf-8") as f:
+        for line, text in zip(calls, texts):
+            conv = json.loads(line)
+            assert text.endswith(eos), text[-80:]
+            outs.append(text[text.rindex(assistant) + len(assistant):-len(eos)])
+            req = {"messages": conv["messages"][:-1], "tools": conv["tools"],
+                   "expected_tool": conv["messages"][-1]["tool_calls"][0]["function"]["name"]}
+            f.write(json.dumps(req, ensure_ascii=False) + "\n")
+    return set_path, outs
+
+
 def start_server(model_dir, outputs_file):
     p = subprocess.Popen([BIN, "serve", "--model", model_dir, "--port", "0", "--test-outputs", outputs_file,
                           "--kv-cache-gb", "0.0625", "--max-context", "4096"], stdout=subprocess.PIPE,
@@ -80,11 +104,13 @@ def main():
     server = None
     try:
         subprocess.run([sys.executable, os.path.join(SRC, "scripts/corpus/gen_chat.py"), "--out", tmp,
-                        "--conversations", "1", "--heldout", "12", "--seed", "3"], check=True)
+                        "--conversations", "40", "--heldout", "12", "--seed", "3"], check=True)
         heldout = os.path.join(tmp, "heldout_tools.jsonl")
         requests = [json.loads(line) for line in open(heldout, encoding="utf-8")]
         outs, want = forced_outputs(requests)
         outs += outs[:4]  # for the --limit run
+        corpus_set, corpus_outs = corpus_replies(tmp)
+        outs += corpus_outs
         with open(os.path.join(tmp, "outputs.json"), "w", encoding="utf-8") as f:
             json.dump(outs, f, ensure_ascii=False)
         model = os.path.join(tmp, "tiny")
@@ -111,6 +137,10 @@ def main():
         limited = eval_tools(url, heldout, "--limit", "4")
         assert limited["n"] == 4 and limited["correct"] == want[:4].count("correct"), limited
         print("--limit 4:", limited["correct"], "correct")
+        # Replies exactly as the corpus teaches them are calls the server parses and the scorer accepts.
+        got = eval_tools(url, corpus_set)
+        assert got["n"] == len(corpus_outs) and got["correct"] == got["n"], got
+        print(f"{got['n']} training-format replies: all parsed by the server and scored correct")
     finally:
         if server:
             server.terminate()
