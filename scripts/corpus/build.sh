@@ -2,7 +2,7 @@
 # Builds Fathom's training data end to end (docs/MODEL.md), deterministically for a seed:
 #   scripts/corpus/build.sh OUT_DIR [--seed N]
 # Environment: FATHOM (the binary; default build/bin/fathom), CONVERSATIONS (generated chats,
-# default 30000), DOCS_MB (Debian documentation text, default 18), VOCAB (default 8192),
+# default 36000), DOCS_MB (Debian documentation text, default 18), VOCAB (default 8192),
 # HELDOUT (held-out tool requests, default 400).
 # Writes OUT_DIR/{meta.json,train.bin,val.bin,tokenizer.json,tokenizer_config.json,
 # heldout_tools.jsonl,sources.tsv,split.json,unigram.json}; intermediate files go to OUT_DIR/work.
@@ -24,7 +24,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 fathom="${FATHOM:-$root/build/bin/fathom}"
-conversations="${CONVERSATIONS:-30000}"
+conversations="${CONVERSATIONS:-36000}"
 docs_mb="${DOCS_MB:-18}"
 vocab="${VOCAB:-8192}"
 heldout="${HELDOUT:-400}"

@@ -79,27 +79,27 @@ def render_man(path):
     return CTRL.sub("", re.sub(r".\x08", "", text))
 
 
-def debian_packages(installed):
-    """The installed packages apt can fetch from a Debian archive (`apt-cache policy` shows a
-    debian.org source); None without apt. Vendor repositories (cloud SDKs) are left out."""
-    try:
-        p = subprocess.run(["apt-cache", "policy"] + sorted(installed), capture_output=True, timeout=300, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    out, pkg = set(), None
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
-        if line and not line[0].isspace() and line.endswith(":"):
-            pkg = line[:-1].split(":")[0]
-        elif pkg and "debian.org" in line:
-            out.add(pkg)
-    return out
+def debian_packages():
+    """Package names in the Debian archive's package lists apt holds (the files it fetched from a
+    debian.org host, decompressed by apt-helper); None when there are none. Packages installed from
+    other repositories (vendor SDKs) are not in them."""
+    lists = sorted(glob.glob("/var/lib/apt/lists/*debian.org*_Packages*"))
+    names = set()
+    for f in lists:
+        try:
+            p = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", f], capture_output=True, timeout=300, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        names.update(m.decode() for m in re.findall(rb"^Package: (\S+)$", p.stdout, re.M))
+    return names or None
 
 
 def dpkg_owned():
     """Every path an installed package from the Debian archive ships (/var/lib/dpkg/info/*.list)
-    mapped to its package; packages from other repositories (vendor SDKs) are left out."""
+    mapped to its package; packages from other repositories (vendor SDKs) are left out. Without apt
+    lists (no `apt-get update` yet) every installed package counts."""
     lists = sorted(glob.glob("/var/lib/dpkg/info/*.list"))
-    archive = debian_packages({os.path.basename(lst)[:-5].split(":")[0] for lst in lists})
+    archive = debian_packages()
     owner = {}
     for lst in lists:
         pkg = os.path.basename(lst)[:-5].split(":")[0]
@@ -122,6 +122,9 @@ def main():
     seen = set()
     docs, sources, skipped = [], [], []
     owner = dpkg_owned()
+
+    def full(kind):
+        return used[kind] >= budget[kind] * 0.98
 
     def add(kind, path, text):
         if path not in owner:  # only what Debian packages ship (not pip/npm/vendor installs)
@@ -154,24 +157,24 @@ def main():
             add("licenses", p, read_text(p, 1 << 20))
     pkgs = sorted(glob.glob("/usr/share/doc/*/"))
     for d in pkgs:
-        if os.path.isfile(d + "copyright"):
+        if not full("copyright") and d + "copyright" in owner:
             add("copyright", d + "copyright", read_text(d + "copyright", 1 << 18))
     for d in pkgs:
         for p in sorted(glob.glob(d + "README*")):
-            if os.path.isfile(p) and not p.endswith((".html", ".html.gz", ".pdf")):
+            if not full("readme") and p in owner and not p.endswith((".html", ".html.gz", ".pdf")):
                 add("readme", p, read_text(p, 64 << 10))
     for d in pkgs:
         p = d + "changelog.Debian.gz"
-        if os.path.isfile(p):
+        if not full("changelog") and p in owner:
             add("changelog", p, read_text(p, 12 << 10))
     pages = [p for s in ("1", "5", "8") for p in glob.glob(f"/usr/share/man/man{s}/*.gz")
              if p in owner and os.path.isfile(p) and not os.path.islink(p)]
     pages.sort(key=lambda p: hashlib.sha256(os.path.basename(p).encode()).hexdigest())
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as ex:
-        for i in range(0, len(pages), 32):
+        for i in range(0, len(pages), 8):
             if used["man"] >= budget["man"] * 0.98:
                 break
-            batch = pages[i:i + 32]
+            batch = pages[i:i + 8]
             for p, text in zip(batch, ex.map(render_man, batch)):
                 add("man", p, text)
     with open(a.out, "w", encoding="utf-8") as f:

@@ -151,7 +151,7 @@ def tool_turn(c, name, r, call_no):
 
 
 def tool_conversation(names, r, n):
-    """Two documents: the call as the model should emit it (the server's prompt, then the calls
+    """One or two documents: the call as the model should emit it (the server's prompt, then the calls
     closed and EOS), and the whole exchange as the template renders it (the prompt the server builds
     once the tool result is back, then the answer). DeepSeek-V3's template renders a second tool
     round irregularly (docs/tokenizer.md), so follow-ups are plain chat only."""
@@ -159,6 +159,12 @@ def tool_conversation(names, r, n):
     name, tools = pick_tools(c, names, r, r.randint(0, 3), 0)
     msgs = system_messages(r) + tool_turn(c, name, r, n)
     call = {"messages": msgs[:-2], "tools": tools, "render": "tool_call_completion"}
+    # Both documents continue the same prefix after <｜tool▁call▁end｜>: (a) with the calls closed,
+    # (b) with the template's <｜tool▁outputs▁begin｜>. Writing (b) for half the conversations makes
+    # closing the call the likelier continuation (2:1), so a model at temperature 0 ends its turn
+    # there instead of inventing a tool result.
+    if r.random() >= 0.5:
+        return [call]
     if r.random() < 0.15:
         msgs += no_tool_request(r)
     return [call, {"messages": msgs, "tools": tools}]

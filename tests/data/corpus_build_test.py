@@ -15,7 +15,7 @@ import tempfile
 BIN = os.environ["FATHOM_BIN"]
 SRC = os.environ["FATHOM_SOURCE_DIR"]
 BUILD = os.path.join(SRC, "scripts/corpus/build.sh")
-ENV = dict(os.environ, FATHOM=BIN, CONVERSATIONS="300", DOCS_MB="0.25", VOCAB="1024", HELDOUT="120")
+ENV = dict(os.environ, FATHOM=BIN, CONVERSATIONS="250", DOCS_MB="0.15", VOCAB="1024", HELDOUT="120")
 FILES = ["train.bin", "val.bin", "meta.json", "tokenizer.json", "tokenizer_config.json", "heldout_tools.jsonl",
          "split.json", "sources.tsv"]
 
@@ -90,14 +90,24 @@ def main():
     tmp = tempfile.mkdtemp(prefix="fathom-corpus-test-")
     try:
         a = build(os.path.join(tmp, "a"), 5)
-        b = build(os.path.join(tmp, "b"), 5)
+        b_dir = os.path.join(tmp, "b")
+        b = build(b_dir, 5)
         for f in FILES:
             assert a[f] == b[f], f"{f} differs between two builds with the same seed"
-        a2 = build(os.path.join(tmp, "a"), 5)  # idempotent: a rerun into the same directory
-        assert a2 == a
-        c = build(os.path.join(tmp, "c"), 6)
-        assert c["train.bin"] != a["train.bin"] and c["heldout_tools.jsonl"] != a["heldout_tools.jsonl"]
-        print("deterministic: same seed -> same bytes (also rebuilt in place); another seed differs")
+        for f in FILES:  # idempotent: a rerun over spoiled outputs rewrites every one of them
+            with open(os.path.join(b_dir, f), "wb") as out:
+                out.write(b"spoiled")
+        assert build(b_dir, 5) == a
+        gen = os.path.join(SRC, "scripts/corpus/gen_chat.py")
+        for seed in (5, 6):
+            os.makedirs(os.path.join(tmp, f"g{seed}"))
+            subprocess.run([sys.executable, gen, "--out", os.path.join(tmp, f"g{seed}"), "--seed", str(seed),
+                            "--conversations", ENV["CONVERSATIONS"], "--heldout", ENV["HELDOUT"]], check=True)
+        assert open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read() == \
+            open(os.path.join(tmp, "a/work/chat.jsonl"), "rb").read()
+        assert open(os.path.join(tmp, "g6/chat.jsonl"), "rb").read() != \
+            open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read()
+        print("deterministic: same seed -> same bytes (also rebuilt over spoiled outputs); another seed differs")
         check_layout(os.path.join(tmp, "a"), a)
         check_heldout_disjoint(os.path.join(tmp, "a"))
         check_bad_utf8(tmp)
