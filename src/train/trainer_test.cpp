@@ -10,6 +10,7 @@
 #include "base/fs.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "tensor/convert.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -19,8 +20,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::string tmp_root() {
+  return ::testing::TempDir() + "/trainer_test_" + std::to_string(getpid());
+}
+
 std::string tmp(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "/trainer_test_" + std::to_string(getpid()) + "/" + name;
+  const std::string d = tmp_root() + "/" + name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -79,8 +84,25 @@ ModelConfig tiny_model(bool mtp) {
   so.mtp = mtp;
   auto c = synth_config(so, 0);
   EXPECT_TRUE(c.ok()) << c.status().to_string();
+  // Narrower than the preset, every V3 feature kept (q LoRA, YaRN, MoE groups, shared expert).
+  c->hidden_size = 64;
+  c->intermediate_size = 128;
+  c->moe_intermediate_size = 32;
+  c->num_attention_heads = 4;
+  c->num_key_value_heads = 4;
+  c->q_lora_rank = 32;
+  c->kv_lora_rank = 32;
+  c->qk_nope_head_dim = 16;
+  c->qk_rope_head_dim = 16;
+  c->v_head_dim = 16;
+  EXPECT_TRUE(c->validate().ok());
   return *c;
 }
+
+class Trainer : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(tmp_root()); }
+};
 
 TrainerOptions small_run(const std::string& data, const std::string& out, int64_t steps) {
   TrainerOptions o;
@@ -135,7 +157,7 @@ std::vector<float> checkpoint_params(const std::string& run, const ModelConfig& 
   return p;
 }
 
-TEST(Trainer, LossFallsAndTheSameRunTwiceIsBitIdentical) {
+TEST_F(Trainer, LossFallsAndTheSameRunTwiceIsBitIdentical) {
   const uint64_t seed = testing::fresh_seed("trainer data");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);
@@ -155,7 +177,7 @@ TEST(Trainer, LossFallsAndTheSameRunTwiceIsBitIdentical) {
   EXPECT_EQ(logged_losses(a->checkpoint.substr(0, a->checkpoint.rfind('/'))), a->losses);
 }
 
-TEST(Trainer, ResumeAfterAnInterruptionIsBitIdentical) {
+TEST_F(Trainer, ResumeAfterAnInterruptionIsBitIdentical) {
   const uint64_t seed = testing::fresh_seed("trainer resume");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);
@@ -184,7 +206,7 @@ TEST(Trainer, ResumeAfterAnInterruptionIsBitIdentical) {
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 4), 0);
 }
 
-TEST(Trainer, BadCheckpointsAreRejectedBeforeAnyWork) {
+TEST_F(Trainer, BadCheckpointsAreRejectedBeforeAnyWork) {
   const std::string data = write_data(tmp("data"), 5);
   const ModelConfig c = tiny_model(true);
   const std::string run = tmp("run");
@@ -220,7 +242,7 @@ TEST(Trainer, BadCheckpointsAreRejectedBeforeAnyWork) {
   EXPECT_EQ(train_model(c, r).status().code(), StatusCode::kNotFound);
 }
 
-TEST(Trainer, BadDataAndShapesAreRejectedWithClearErrors) {
+TEST_F(Trainer, BadDataAndShapesAreRejectedWithClearErrors) {
   const ModelConfig c = tiny_model(false);
   auto expect_error = [&](const std::string& dir, const std::string& needle, const ModelConfig& cfg) {
     TrainerOptions o = small_run(dir, tmp("bad_run"), 2);
@@ -276,7 +298,7 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
   return num / den;
 }
 
-TEST(Trainer, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
+TEST_F(Trainer, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
   const uint64_t seed = testing::fresh_seed("trainer export");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);
@@ -309,34 +331,56 @@ TEST(Trainer, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
   auto ctx_m = make_model_context<float>(), ctx_e = make_model_context<float>();
   ASSERT_TRUE(model_forward(master, {1, n}, tokens, targets, opt, *ctx_m).ok());
   ASSERT_TRUE(model_forward(exported, {1, n}, tokens, targets, opt, *ctx_e).ok());
-  const double e_bf16 = rel_err(model_logits(*ctx_e), model_logits(*ctx_m));
-  std::printf("bf16 export vs fp32 master logits: rel err %.2e\n", e_bf16);
-  EXPECT_LT(e_bf16, 5e-2);  // bf16 weights (8-bit mantissa) through 2 layers + head
-
-  RoutingTrace trace;
-  trace.replay = true;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const auto ids = model_routing(*ctx_e, l);
-    for (int64_t t = 0; t < n && !ids.empty(); ++t) {
-      trace.ids[{l, t}] = std::vector<int32_t>(ids.begin() + t * c.num_experts_per_tok,
-                                               ids.begin() + (t + 1) * c.num_experts_per_tok);
+  // Every exported value is the master weight rounded to nearest-even bf16 (the routing bias
+  // stays f32, as DeepSeek ships it).
+  int64_t mismatched = 0;
+  for (const ParamInfo& p : layout->params) {
+    for (int64_t i = 0; i < p.size; ++i) {
+      const float m = master.at(p)[i];
+      mismatched += exported.at(p)[i] != (p.role == WeightRole::kBias ? m : bf16_to_f32(f32_to_bf16(m)));
     }
   }
-  for (const std::string& path : {hf, gguf}) {
+  EXPECT_EQ(mismatched, 0);
+  auto trace_of = [&](const ModelContext<float>& ctx) {
+    RoutingTrace trace;
+    trace.replay = true;  // router near-ties would otherwise dominate the comparison
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const auto ids = model_routing(ctx, l);
+      for (int64_t t = 0; t < n && !ids.empty(); ++t) {
+        trace.ids[{l, t}] = std::vector<int32_t>(ids.begin() + t * c.num_experts_per_tok,
+                                                 ids.begin() + (t + 1) * c.num_experts_per_tok);
+      }
+    }
+    return trace;
+  };
+  const std::string f32_dir = tmp("f32");
+  auto e4 = export_model({.run_dir = run, .out = f32_dir, .dtype = "f32", .format = "hf"});
+  ASSERT_TRUE(e4.ok()) << e4.status().to_string();
+  RoutingTrace trace_m = trace_of(*ctx_m), trace_e = trace_of(*ctx_e);
+  // f32: the master weights exactly; fp32 kernels on both sides, the bf16 KV-cache rounding
+  // mirrored by round_latent_bf16 (bound as in model_test.cpp: 2e-3). bf16 (HF and GGUF): the
+  // exported values; the runtime's bf16 GEMMs round activations to bf16 (2^-9 relative per
+  // operand) where the trainer stays in fp32, seen 2e-3..9e-3 over 2 layers + head: bound 3e-2.
+  struct Case {
+    std::string path;
+    RoutingTrace* trace;
+    const ModelContext<float>* ctx;
+    double bound;
+  };
+  for (const Case& k : {Case{f32_dir, &trace_m, ctx_m.get(), 2e-3}, Case{hf, &trace_e, ctx_e.get(), 3e-2},
+                        Case{gguf, &trace_e, ctx_e.get(), 3e-2}}) {
     ModelOptions mo;
     mo.progress = false;
     mo.max_batch_tokens = 64;
     mo.max_context = 128;
-    auto model = Model::load(path, mo);
-    ASSERT_TRUE(model.ok()) << path << ": " << model.status().to_string();
-    (*model)->set_routing_trace(&trace);
+    auto model = Model::load(k.path, mo);
+    ASSERT_TRUE(model.ok()) << k.path << ": " << model.status().to_string();
+    (*model)->set_routing_trace(k.trace);
     auto logits = run_sequence_logits(**model, tokens, RunMode::kPrefill);
     ASSERT_TRUE(logits.ok()) << logits.status().to_string();
-    const double e = rel_err(*logits, model_logits(*ctx_e));
-    std::printf("%s: runtime vs trainer logits on the exported weights: rel err %.2e\n", path.c_str(), e);
-    // Same weight values; the runtime's bf16 GEMMs round activations to bf16 (8-bit mantissa,
-    // 2^-9 relative per operand) where the trainer stays in fp32: seen 2e-3..3e-3.
-    EXPECT_LT(e, 1e-2);
+    const double e = rel_err(*logits, model_logits(*k.ctx));
+    std::printf("%s: runtime vs trainer logits: rel err %.2e (bound %.0e)\n", k.path.c_str(), e, k.bound);
+    EXPECT_LT(e, k.bound);
   }
   ModelOptions mo;
   mo.progress = false;
