@@ -121,11 +121,16 @@ int run_train(int argc, char** argv) {
                         {"checkpoint", r->checkpoint}};
     print_json_line(j.dump());
   } else {
-    std::printf(
-        "trained to step %lld: loss %.4f (first %.4f), val %.4f, %.0f tokens/s, MFU %.3f of the fp32 peak "
-        "(%.0f GFLOP/s)%s; checkpoint %s\n",
-        static_cast<long long>(r->step), r->last_loss, r->first_loss, r->val_loss, r->tokens_per_s, r->mfu,
-        o.peak_gflops, r->interrupted ? " [interrupted]" : "", r->checkpoint.c_str());
+    if (r->losses.empty()) {
+      std::printf("nothing to do: the run is at step %lld of --steps %lld; checkpoint %s\n",
+                  static_cast<long long>(r->step), static_cast<long long>(o.steps), r->checkpoint.c_str());
+    } else {
+      const std::string val = r->val_loss >= 0 ? fmt::format(", val {:.4f}", r->val_loss) : std::string();
+      std::printf("trained to step %lld: loss %.4f (first %.4f)%s, %.0f tokens/s",
+                  static_cast<long long>(r->step), r->last_loss, r->first_loss, val.c_str(), r->tokens_per_s);
+      if (o.peak_gflops > 0) std::printf(", MFU %.3f of the fp32 peak (%.0f GFLOP/s)", r->mfu, o.peak_gflops);
+      std::printf("%s; checkpoint %s\n", r->interrupted ? " [interrupted]" : "", r->checkpoint.c_str());
+    }
   }
   return r->interrupted ? 130 : 0;
 }
