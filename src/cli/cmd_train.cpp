@@ -109,7 +109,7 @@ int run_train(int argc, char** argv) {
   // Some layers' per-call scratch vectors are large: keep freed blocks in the heap instead of
   // returning them to the kernel, so later steps do not page-fault their scratch in again (perf
   // showed page faults under memset/memmove in a step's profile).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit; larger values are refused
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   install_handlers();
   o.stop = &g_stop;
