@@ -30,7 +30,7 @@ struct Cli {
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, clip = 1.0, init_scale = 1.0, delay_ms = 0;
   double mtp_weight = 0.3, balance_alpha = 1e-4, bias_speed = 1e-3;
   bool no_mtp = false, verify = false, grid = false, json = false;
-  std::string model, trace, svg, fault;
+  std::string model, trace, svg, fault, stage_layers;
 };
 
 void add_options(Args& a, Cli& c) {
@@ -40,6 +40,9 @@ void add_options(Args& a, Cli& c) {
   a.option("--layers", &c.layers, "override num_hidden_layers");
   a.option("--experts", &c.experts, "override n_routed_experts");
   a.option("--vocab", &c.vocab, "override vocab_size (default 512 for presets without one)");
+  a.option("--stage-layers", &c.stage_layers,
+           "decoder layers per stage, e.g. 3,1 (default: equal runs; the last stage also holds head and MTP)",
+           "N,N,...");
   a.option("--schedule", &c.schedule, "gpipe|1f1b|zb1p|dualpipe|dualpipev", "NAME");
   a.option("--microbatches", &c.microbatches, "micro-batches per step (0: 2 per stage)");
   a.option("--steps", &c.steps, "optimizer steps");
@@ -110,6 +113,16 @@ Result<PipelinedOptions> pipelined_options(const Cli& c, int n_ranks) {
   o.init_scale = c.init_scale;
   o.verify = c.verify;
   o.delay_ms_max = c.delay_ms;
+  for (std::string_view rest = c.stage_layers; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    char* end = nullptr;
+    const long long n = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0')
+      return invalid_argument("--stage-layers: '{}' is not a layer count", item);
+    o.stage_layers.push_back(n);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
   if (c.fault == "drop-weight-grad") {
     o.fault = pipeline::ExecutorOptions::Fault::kDropWeightGradient;
   } else if (c.fault == "corrupt-activation") {
@@ -136,6 +149,7 @@ nlohmann::json report_json(const PipelinedOptions& o, const PipelinedReport& r) 
                      {"idle_ms", m.idle_ms},
                      {"bubble_fraction", m.bubble_fraction},
                      {"predicted_bubble_fraction", m.predicted_bubble_fraction},
+                     {"predicted_rank_bubble_fraction", m.predicted_rank_bubble_fraction},
                      {"replayed_bubble_fraction", m.replayed_bubble_fraction},
                      {"sync_ms", m.sync_ms},
                      {"grad_norm", m.grad_norm},
@@ -190,10 +204,12 @@ void print_report(const PipelinedOptions& o, const PipelinedReport& r) {
       total += l.total / double(r.losses[k].size()), ce += l.ce / double(r.losses[k].size());
     const auto& m = r.steps[k];
     std::printf(
-        "step %zu: loss %.6f (ce %.6f), grad norm %.3f, lr %.2e, %.1f ms, bubble %.1f%% measured, %.1f%% "
-        "predicted (F %.2f B %.2f W %.2f ms)\n",
+        "step %zu: loss %.6f (ce %.6f), grad norm %.3f, lr %.2e, %.1f ms, bubble %.1f%% measured, "
+        "predicted %.1f%% from per-rank costs, %.1f%% from mean costs, %.1f%% replayed "
+        "(F %.2f B %.2f W %.2f ms)\n",
         k, total, ce, m.grad_norm, m.lr, m.makespan_ms, 100 * m.bubble_fraction,
-        100 * m.predicted_bubble_fraction, m.costs.f, m.costs.b, m.costs.w);
+        100 * m.predicted_rank_bubble_fraction, 100 * m.predicted_bubble_fraction,
+        100 * m.replayed_bubble_fraction, m.costs.f, m.costs.b, m.costs.w);
   }
   std::printf("%.0f tokens/s\n", r.tokens_per_s);
   if (r.verification) {

@@ -201,6 +201,7 @@ Status Runner<T>::setup() {
   for (int c = 0; c < s.chunks_per_rank(); ++c) {
     const StageConfig sc{.stage = s.chunk_task(rank_, c).stage,
                          .n_stages = s.n_stages,
+                         .stage_layers = o_.stage_layers,
                          .shape = o_.shape,
                          .options = o_.train,
                          .seed = o_.seed,
@@ -212,7 +213,7 @@ Status Runner<T>::setup() {
   report_.parameters = full_.total;
   for (int st = 0; st < s.n_stages; ++st) {
     report_.stage_parameters.push_back(
-        TRY(stage_param_layout(full_, stage_params_spec(full_, st, s.n_stages))).total);
+        TRY(stage_param_layout(full_, stage_params_spec(full_, st, s.n_stages, o_.stage_layers))).total);
   }
   const pipeline::ExecutorOptions eo{
       .delay_ms_max = o_.delay_ms_max, .delay_seed = o_.seed, .fault = o_.fault};
@@ -233,7 +234,7 @@ Status Runner<T>::sync_embedding() {
     if (st->first() && first_chunk == nullptr) first_chunk = st.get();
     if (st->last() && last_chunk == nullptr) last_chunk = st.get();
   }
-  const bool copies = stage_params_spec(full_, last, s.n_stages).embedding;
+  const bool copies = stage_params_spec(full_, last, s.n_stages, o_.stage_layers).embedding;
   if (!copies || (first_chunk == nullptr && last_chunk == nullptr)) return ok_status();
   std::span<T> mine = (first_chunk ? first_chunk : last_chunk)->embedding_grads();
   std::vector<T> other(mine.size());
@@ -389,11 +390,13 @@ PipelinedStepMeasure Runner<T>::measure(const pipeline::StepStats& stats) {
   const pipeline::Schedule& s = report_.schedule;
   records_.assign(size_t(size_), {});
   KindTimes kinds;
+  std::vector<pipeline::Costs> rank_costs;
   std::vector<std::vector<double>> durations(static_cast<size_t>(size_));  // [rank][op] for the replay
   for (int r = 0; r < size_; ++r) {
     const std::vector<double> v = as_values<double>(all[size_t(r)]);
     durations[size_t(r)].assign(s.ranks[size_t(r)].size(), 0.0);
     double busy = 0;
+    KindTimes mine;
     for (size_t k = 0; k + 3 <= v.size(); k += 3) {
       const pipeline::OpRecord rec{.op_index = int(v[k]), .start_ms = v[k + 1], .end_ms = v[k + 2]};
       records_[size_t(r)].push_back(rec);
@@ -402,8 +405,10 @@ PipelinedStepMeasure Runner<T>::measure(const pipeline::StepStats& stats) {
       durations[size_t(r)][size_t(rec.op_index)] = d;
       m.makespan_ms = std::max(m.makespan_ms, rec.end_ms);
       kinds.add(s.ranks[size_t(r)][size_t(rec.op_index)].kind, d);
+      mine.add(s.ranks[size_t(r)][size_t(rec.op_index)].kind, d);
     }
     m.busy_ms.push_back(busy);
+    rank_costs.push_back(mine.costs(report_.p2p_ms));
   }
   double bubble = 0;
   for (double b : m.busy_ms) {
@@ -414,6 +419,9 @@ PipelinedStepMeasure Runner<T>::measure(const pipeline::StepStats& stats) {
   m.costs = kinds.costs(report_.p2p_ms);
   if (auto p = pipeline::simulate(s, m.costs); p.ok() && p->makespan > 0) {
     m.predicted_bubble_fraction = p->bubble / p->makespan;
+  }
+  if (auto p = pipeline::simulate_per_rank(s, rank_costs); p.ok() && p->makespan > 0) {
+    m.predicted_rank_bubble_fraction = p->bubble / p->makespan;
   }
   if (auto p = pipeline::replay(s, durations, report_.p2p_ms); p.ok() && p->makespan > 0) {
     m.replayed_bubble_fraction = p->bubble / p->makespan;
@@ -445,7 +453,8 @@ void Runner<T>::build_timeline(const pipeline::StepStats&, const PipelinedStepMe
 template <class T>
 double Runner<T>::stage_rel_err(int stage, const std::vector<uint8_t>& bytes, const std::vector<T>& want) {
   const std::vector<T> got = as_values<T>(bytes);
-  auto layout = stage_param_layout(full_, stage_params_spec(full_, stage, report_.schedule.n_stages));
+  auto layout =
+      stage_param_layout(full_, stage_params_spec(full_, stage, report_.schedule.n_stages, o_.stage_layers));
   CHECK(layout.ok() && int64_t(got.size()) == layout->total);
   double diff = 0, norm = 0;
   for (const ParamInfo& p : layout->params) {
@@ -501,9 +510,10 @@ Status Runner<T>::verify(const PerChunk& first_grads, const PerChunk& final_para
     }
   }
   const int last = s.n_stages - 1;
-  if (last > 0 && stage_params_spec(full_, last, s.n_stages).embedding) {  // the embedding copies
-    auto l0 = TRY(stage_param_layout(full_, stage_params_spec(full_, 0, s.n_stages)));
-    auto l1 = TRY(stage_param_layout(full_, stage_params_spec(full_, last, s.n_stages)));
+  if (last > 0 &&
+      stage_params_spec(full_, last, s.n_stages, o_.stage_layers).embedding) {  // the embedding copies
+    auto l0 = TRY(stage_param_layout(full_, stage_params_spec(full_, 0, s.n_stages, o_.stage_layers)));
+    auto l1 = TRY(stage_param_layout(full_, stage_params_spec(full_, last, s.n_stages, o_.stage_layers)));
     const ParamInfo* e0 = l0.find(kHfEmbed);
     const ParamInfo* e1 = l1.find(kHfEmbed);
     CHECK(e0 != nullptr && e1 != nullptr);
@@ -526,7 +536,7 @@ Status check_pipelined(const ModelConfig& config, const PipelinedOptions& o, int
   const pipeline::Schedule s = TRY(
       pipeline::make_schedule({.kind = o.schedule, .n_ranks = n_ranks, .n_microbatches = o.microbatches}));
   const ParamLayout full = TRY(make_param_layout(config, o.mtp));
-  TRY(check_stage_split(full, s.n_stages));
+  TRY(check_stage_split(full, s.n_stages, o.stage_layers));
   if (o.shape.n_seq < 1 || o.shape.seq_len < 1 || o.shape.seq_len > config.max_position_embeddings) {
     return invalid_argument(
         "train: micro-batch {} x {} must be positive with seq_len <= max_position_embeddings {}",

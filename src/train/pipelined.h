@@ -65,9 +65,10 @@ struct PipelinedOptions {
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kDualPipe;
   int microbatches = 4;  // per step (over both directions for DualPipe)
   int64_t steps = 2;
-  SeqShape shape{1, 16};  // one micro-batch
-  bool mtp = true;        // train the MTP module (needs num_nextn_predict_layers >= 1)
-  bool f64 = false;       // float64 instead of float32 (tests)
+  SeqShape shape{1, 16};              // one micro-batch
+  std::vector<int64_t> stage_layers;  // decoder layers per stage (stage order); empty: equal runs
+  bool mtp = true;                    // train the MTP module (needs num_nextn_predict_layers >= 1)
+  bool f64 = false;                   // float64 instead of float32 (tests)
   TrainOptions train;
   OptimizerOptions optimizer;
   uint64_t seed = 1;  // parameters (init_params)
@@ -79,14 +80,15 @@ struct PipelinedOptions {
 };
 
 struct PipelinedStepMeasure {
-  double makespan_ms = 0;                // the op list, first op start to last op end
-  std::vector<double> busy_ms, idle_ms;  // [rank]
-  double bubble_fraction = 0;            // max idle / makespan
-  pipeline::Costs costs;                 // mean measured F, B (full), W, Bi, F&B, p2p
-  double predicted_bubble_fraction = 0;  // the simulator's, from `costs`
-  double replayed_bubble_fraction = 0;   // the simulator replaying every op's measured time
-  double sync_ms = 0;                    // gradient exchange + norm + optimizer (max over ranks)
-  double grad_norm = 0;                  // before clipping
+  double makespan_ms = 0;                     // the op list, first op start to last op end
+  std::vector<double> busy_ms, idle_ms;       // [rank]
+  double bubble_fraction = 0;                 // max idle / makespan
+  pipeline::Costs costs;                      // mean measured F, B (full), W, Bi, F&B, p2p
+  double predicted_bubble_fraction = 0;       // the simulator's, from `costs`
+  double predicted_rank_bubble_fraction = 0;  // from each rank's own mean costs (stages differ)
+  double replayed_bubble_fraction = 0;        // the simulator replaying every op's measured time
+  double sync_ms = 0;                         // gradient exchange + norm + optimizer (max over ranks)
+  double grad_norm = 0;                       // before clipping
   double lr = 0;
 };
 

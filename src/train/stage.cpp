@@ -43,13 +43,26 @@ StepLoss decode_loss_record(const T* record) {
   return l;
 }
 
-Status check_stage_split(const ParamLayout& full, int n_stages) {
+Status check_stage_split(const ParamLayout& full, int n_stages, std::span<const int64_t> stage_layers) {
   const ModelConfig& c = full.config;
   if (n_stages < 1) return invalid_argument("train: {} pipeline stages; need at least 1", n_stages);
-  if (c.num_hidden_layers < n_stages || c.num_hidden_layers % n_stages != 0) {
+  if (!stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : stage_layers) {
+      if (n < 0) return invalid_argument("train: a stage cannot hold {} layers", n);
+      sum += n;
+    }
+    if (static_cast<int64_t>(stage_layers.size()) != n_stages || sum != c.num_hidden_layers) {
+      return invalid_argument(
+          "train: the stage layer split has {} stages summing to {} layers; the schedule has {} stages and "
+          "the "
+          "model num_hidden_layers {}",
+          stage_layers.size(), sum, n_stages, c.num_hidden_layers);
+    }
+  } else if (c.num_hidden_layers < n_stages || c.num_hidden_layers % n_stages != 0) {
     return invalid_argument(
         "train: num_hidden_layers {} does not split into {} pipeline stages of equal size (use a layer "
-        "count that is a multiple of the stage count, or fewer stages)",
+        "count that is a multiple of the stage count, fewer stages, or an explicit split)",
         c.num_hidden_layers, n_stages);
   }
   constexpr int64_t kExactIds = int64_t{1} << 24;  // token ids travel as exact integers in float
@@ -61,13 +74,20 @@ Status check_stage_split(const ParamLayout& full, int n_stages) {
   return ok_status();
 }
 
-StageParamsSpec stage_params_spec(const ParamLayout& full, int stage, int n_stages) {
+StageParamsSpec stage_params_spec(const ParamLayout& full, int stage, int n_stages,
+                                  std::span<const int64_t> stage_layers) {
   const ModelConfig& c = full.config;
-  const int64_t per = c.num_hidden_layers / std::max(1, n_stages);
   const bool last = stage == n_stages - 1;
   StageParamsSpec spec;
-  spec.layer_begin = stage * per;
-  spec.layer_end = last ? c.num_hidden_layers + (full.mtp ? 1 : 0) : spec.layer_begin + per;
+  if (stage_layers.empty()) {
+    const int64_t per = c.num_hidden_layers / std::max(1, n_stages);
+    spec.layer_begin = stage * per;
+    spec.layer_end = spec.layer_begin + per;
+  } else {
+    for (int s = 0; s < stage; ++s) spec.layer_begin += stage_layers[static_cast<size_t>(s)];
+    spec.layer_end = spec.layer_begin + stage_layers[static_cast<size_t>(stage)];
+  }
+  if (last) spec.layer_end = c.num_hidden_layers + (full.mtp ? 1 : 0);
   // The last stage keeps a copy of the embedding when the MTP module or a tied head needs it.
   spec.embedding = stage == 0 || (last && (full.mtp || c.tie_word_embeddings));
   spec.head = last;
@@ -84,7 +104,7 @@ DeepSeekStage<T>::DeepSeekStage(const ParamLayout& full, const StageConfig& conf
     : config_(config), layout_(std::move(layout)) {
   params_ = make_params<T>(layout_);
   grads_ = make_params<T>(layout_);
-  const StageParamsSpec spec = stage_params_spec(full, config.stage, config.n_stages);
+  const StageParamsSpec spec = stage_params_spec(full, config.stage, config.n_stages, config.stage_layers);
   layer_begin_ = spec.layer_begin;
   layer_end_ = std::min<int64_t>(spec.layer_end, full.config.num_hidden_layers);
   mtp_ = last() && full.mtp;
@@ -96,7 +116,7 @@ DeepSeekStage<T>::~DeepSeekStage() = default;
 template <class T>
 Result<std::unique_ptr<DeepSeekStage<T>>> DeepSeekStage<T>::create(const ParamLayout& full,
                                                                    const StageConfig& config) {
-  TRY(check_stage_split(full, config.n_stages));
+  TRY(check_stage_split(full, config.n_stages, config.stage_layers));
   if (config.stage < 0 || config.stage >= config.n_stages) {
     return invalid_argument("train: stage {} outside 0..{}", config.stage, config.n_stages - 1);
   }
@@ -106,7 +126,8 @@ Result<std::unique_ptr<DeepSeekStage<T>>> DeepSeekStage<T>::create(const ParamLa
         "train: micro-batch {} x {} must be positive with seq_len <= max_position_embeddings {}", shape.n_seq,
         shape.seq_len, full.config.max_position_embeddings);
   }
-  ParamLayout layout = TRY(stage_param_layout(full, stage_params_spec(full, config.stage, config.n_stages)));
+  ParamLayout layout = TRY(
+      stage_param_layout(full, stage_params_spec(full, config.stage, config.n_stages, config.stage_layers)));
   std::unique_ptr<DeepSeekStage> stage(new DeepSeekStage(full, config, std::move(layout)));
   init_params(stage->params_, config.seed, config.init_scale);  // per-tensor seeds: the whole model's values
   return stage;

@@ -48,15 +48,19 @@ double decode_f64(const T* in);
 template <class T>
 StepLoss decode_loss_record(const T* record);
 
-// Where a model of `full` is cut into n_stages equal runs of layers; the MTP layer rides on the
-// last stage. Errors (before any work) name what does not divide or fit.
-Status check_stage_split(const ParamLayout& full, int n_stages);
-StageParamsSpec stage_params_spec(const ParamLayout& full, int stage, int n_stages);
+// Where a model of `full` is cut into n_stages runs of decoder layers: `stage_layers[s]` layers
+// on stage s (they must sum to num_hidden_layers), or equal runs when it is empty (the layer count
+// must then be a multiple of n_stages). The MTP layer rides on the last stage. Errors (before any
+// work) name what does not divide or fit.
+Status check_stage_split(const ParamLayout& full, int n_stages, std::span<const int64_t> stage_layers = {});
+StageParamsSpec stage_params_spec(const ParamLayout& full, int stage, int n_stages,
+                                  std::span<const int64_t> stage_layers = {});
 
 struct StageConfig {
   int stage = 0;
   int n_stages = 1;
-  SeqShape shape;  // every micro-batch
+  std::vector<int64_t> stage_layers;  // decoder layers per stage; empty: equal runs
+  SeqShape shape;                     // every micro-batch
   TrainOptions options;
   uint64_t seed = 1;  // init_params(seed, init_scale): the same values as the whole model's
   double init_scale = 1.0;

@@ -18,11 +18,16 @@ using testing::tiny_config;
 
 using Stages = std::vector<std::unique_ptr<DeepSeekStage<double>>>;
 
-Stages make_stages(const ParamLayout& full, int n_stages, SeqShape shape, uint64_t seed) {
+Stages make_stages(const ParamLayout& full, int n_stages, SeqShape shape, uint64_t seed,
+                   std::vector<int64_t> split = {}) {
   Stages stages;
   for (int s = 0; s < n_stages; ++s) {
-    auto st = DeepSeekStage<double>::create(
-        full, {.stage = s, .n_stages = n_stages, .shape = shape, .seed = seed, .init_scale = 0.5});
+    auto st = DeepSeekStage<double>::create(full, {.stage = s,
+                                                   .n_stages = n_stages,
+                                                   .stage_layers = split,
+                                                   .shape = shape,
+                                                   .seed = seed,
+                                                   .init_scale = 0.5});
     EXPECT_TRUE(st.ok()) << st.status().to_string();
     EXPECT_TRUE((*st)->reserve(2).ok());
     stages.push_back(std::move(*st));
@@ -57,14 +62,14 @@ double stage_grad_rel_err(const DeepSeekStage<double>& st, std::span<const doubl
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
-void check_split(const ModelConfig& config, bool mtp, int n_stages) {
+void check_split(const ModelConfig& config, bool mtp, int n_stages, std::vector<int64_t> split = {}) {
   const uint64_t seed = fresh_seed("StageSplit");
   Rng rng(seed);
   auto full = make_param_layout(config, mtp);
   ASSERT_TRUE(full.ok()) << full.status().to_string();
   const SeqShape shape{2, 7};
   constexpr int kMicro = 3;
-  Stages stages = make_stages(*full, n_stages, shape, seed);
+  Stages stages = make_stages(*full, n_stages, shape, seed, split);
   auto params = make_params<double>(*full), grads = make_params<double>(*full);
   init_params(params, seed, 0.5);
   for (auto& st : stages) std::fill(st->gradients().begin(), st->gradients().end(), 0.0);
@@ -134,6 +139,14 @@ TEST(TrainStage, OneStageAndFourStagesEqualTheWholeModel) {
   check_split(c, false, 2);
 }
 
+TEST(TrainStage, UnevenSplitsEqualTheWholeModel) {
+  ModelConfig c = tiny_config();
+  c.num_hidden_layers = 4;
+  check_split(c, true, 2, {3, 1});
+  check_split(c, true, 3, {0, 3, 1});  // a stage may hold only the embedding
+  check_split(c, true, 2, {4, 0});     // or only the head and MTP module
+}
+
 TEST(TrainStage, TiedHeadKeepsAnEmbeddingCopyOnTheLastStage) {
   ModelConfig c = tiny_config();
   c.tie_word_embeddings = true;
@@ -187,6 +200,13 @@ TEST(TrainStage, ShapesThatDoNotSplitAreRejected) {
   auto too_long = DeepSeekStage<float>::create(*full, {.stage = 0, .n_stages = 2, .shape = {1, 65}});
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().to_string().find("max_position_embeddings"), std::string::npos);
+  const int64_t bad_sum[] = {1, 2};
+  auto sum = DeepSeekStage<float>::create(
+      *full, {.stage = 0, .n_stages = 2, .stage_layers = {1, 2}, .shape = {1, 4}});
+  ASSERT_FALSE(sum.ok());
+  EXPECT_NE(sum.status().to_string().find("2 stages summing to 3 layers"), std::string::npos)
+      << sum.status().to_string();
+  EXPECT_FALSE(check_stage_split(*full, 3, bad_sum).ok());
   ModelConfig big = tiny_config();
   big.vocab_size = (1 << 24) + 1;
   auto big_layout = make_param_layout(big, false);

@@ -73,6 +73,7 @@ struct Case {
   const char* schedule;
   const char* dtype;
   int layers;
+  const char* extra = "";
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -84,9 +85,9 @@ class TrainMpiVerify : public ::testing::TestWithParam<Case> {};
 TEST_P(TrainMpiVerify, MatchesTheSingleProcessRun) {
   const Case c = GetParam();
   const std::string config = write_config(c.layers);
-  const MpiRun r =
-      run_deepseek(2, std::string("--config ") + config + " --schedule " + c.schedule + " --dtype " +
-                          c.dtype + " --microbatches 4 --steps 3 --n-seq 2 --seq-len 8 --verify --json");
+  const MpiRun r = run_deepseek(
+      2, std::string("--config ") + config + " --schedule " + c.schedule + " --dtype " + c.dtype +
+             " --microbatches 4 --steps 3 --n-seq 2 --seq-len 8 --verify --json " + c.extra);
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   ASSERT_TRUE(r.json.is_object()) << r.out;
   const auto& v = r.json.at("verify");
@@ -116,9 +117,11 @@ TEST_P(TrainMpiVerify, MatchesTheSingleProcessRun) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, TrainMpiVerify,
                          ::testing::Values(Case{"1f1b", "f64", 2}, Case{"dualpipe", "f64", 4},
-                                           Case{"dualpipev", "f64", 4}, Case{"dualpipe", "f32", 2}),
+                                           Case{"dualpipev", "f64", 4}, Case{"dualpipe", "f32", 2},
+                                           Case{"zb1p", "f32", 4, "--stage-layers 3,1"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.schedule) + "_" + info.param.dtype;
+                           return std::string(info.param.schedule) + "_" + info.param.dtype +
+                                  (*info.param.extra ? "_split" : "");
                          });
 
 // The op order fixes every floating-point operation: sleeping before ops changes nothing.
