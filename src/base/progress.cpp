@@ -41,6 +41,15 @@ void ProgressBar::set(uint64_t done) {
   draw(false);
 }
 
+void ProgressBar::set_note(std::string note) {
+  if (!active_) return;
+  {
+    std::lock_guard lock(draw_mutex_);
+    note_ = std::move(note);
+  }
+  draw(false);
+}
+
 void ProgressBar::finish() {
   if (!active_ || finished_) return;
   draw(true);
@@ -85,6 +94,7 @@ void ProgressBar::draw(bool final) {
   } else {
     line += fmt::format(" {:.1f}{}/s", rate, unit);
   }
+  if (!note_.empty()) line += " " + note_;
   line += "\x1b[K";
   if (final) {
     line += '\n';

@@ -28,6 +28,8 @@ class ProgressBar {
   void add(uint64_t amount);
   void set(uint64_t done);
   void finish();
+  // Text shown after the rate ("loss 3.21 lr 3e-4"); replaces the previous note.
+  void set_note(std::string note);
   static bool enabled();  // stderr is a tty and FATHOM_NO_PROGRESS unset
 
  private:
@@ -39,6 +41,7 @@ class ProgressBar {
   Timer timer_;
   bool active_;
   std::atomic<bool> finished_{false};
+  std::string note_;  // guarded by draw_mutex_
 };
 
 // "1.50 GiB", "512 B"

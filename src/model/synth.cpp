@@ -151,10 +151,15 @@ Stream stream_for(const HfWeight& w) {
 
 class Generator {
  public:
-  Generator(uint64_t seed, bool fp8_twin) : seed_(seed), fp8_twin_(fp8_twin) {}
+  Generator(uint64_t seed, bool fp8_twin, const SynthOptions& o)
+      : seed_(seed), fp8_twin_(fp8_twin), source_(o.weight_rows ? &o.weight_rows : nullptr) {}
 
   // Values of rows [r0, r1) of HF weight w (row-major), as the checkpoint's underlying f32.
   void rows(const HfWeight& w, int64_t r0, int64_t r1, float* out) const {
+    if (source_ != nullptr) {
+      (*source_)(w, r0, r1, out);
+      return;
+    }
     const Stream s = stream_for(w);
     const int64_t cols = w.shape.size() > 1 ? w.shape[1] : w.shape[0];
     const int64_t rows_total = w.shape.size() > 1 ? w.shape[0] : 1;
@@ -190,6 +195,7 @@ class Generator {
  private:
   uint64_t seed_;
   bool fp8_twin_;
+  const std::function<void(const HfWeight&, int64_t, int64_t, float*)>* source_;
 };
 
 // ---- dtypes per role -----------------------------------------------------------------------
@@ -254,7 +260,7 @@ Status write_hf(const SynthOptions& o, const ModelConfig& c, const std::string& 
                 SynthResult& result) {
   namespace fs = std::filesystem;
   TRY(make_directories(o.out));
-  const Generator gen(o.seed, o.fp8_dequantized);
+  const Generator gen(o.seed, o.fp8_dequantized, o);
   std::vector<HfTensorPlan> plan;
   uint64_t total = 0;
   for (const HfWeight& w : hf_weights(c, o.mtp)) {
@@ -423,7 +429,7 @@ Status write_gguf(const SynthOptions& o, const ModelConfig& c, const Tokenizer& 
   namespace fs = std::filesystem;
   const std::string parent = fs::path(o.out).parent_path().string();
   if (!parent.empty()) TRY(make_directories(parent));
-  const Generator gen(o.seed, o.fp8_dequantized);
+  const Generator gen(o.seed, o.fp8_dequantized, o);
   const std::vector<GgufWeight> weights = gguf_weights(c, o.mtp, o.gguf_legacy_kvb);
   std::vector<TensorSpec> specs;
   std::vector<DType> dtypes;
@@ -484,7 +490,9 @@ Result<ModelConfig> preset_config(const std::string& preset) {
 }
 
 Result<ModelConfig> synth_config(const SynthOptions& o, int64_t tokenizer_vocab_size) {
-  ModelConfig c = o.config_path.empty() ? TRY(preset_config(o.preset)) : TRY(load_hf_config(o.config_path));
+  ModelConfig c = o.config                ? *o.config
+                  : o.config_path.empty() ? TRY(preset_config(o.preset))
+                                          : TRY(load_hf_config(o.config_path));
   if (o.layers) {
     if (*o.layers < 1) return invalid_argument("--layers {} must be at least 1", *o.layers);
     c.num_hidden_layers = *o.layers;

@@ -18,12 +18,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "formats/model_config.h"
+#include "model/names.h"
 #include "tensor/dtype.h"
 
 namespace fathom {
@@ -46,6 +48,11 @@ struct SynthOptions {
   bool fp8_dequantized = false;
   bool gguf_legacy_kvb = false;  // GGUF with attn_kv_b (older converters) instead of attn_k_b/v_b
   bool progress = true;
+  // For exporters (`fathom export`): the model's config (instead of preset / config_path; the
+  // overrides above still apply) and the values of every weight instead of the seeded random
+  // ones: fills rows [r0, r1) of Hugging Face weight w (row-major f32).
+  std::optional<ModelConfig> config;
+  std::function<void(const HfWeight& w, int64_t r0, int64_t r1, float* out)> weight_rows;
 };
 
 struct SynthResult {

@@ -1,0 +1,144 @@
+// `fathom train`: single-process training of a DeepSeek-V3-architecture model on a
+// fathom-tokens-v1 directory (train/trainer.h). SIGINT / SIGTERM stop after the current step with
+// a checkpoint; `--resume` continues a run bit-identically.
+#include <csignal>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
+#include "base/thread_pool.h"
+#include "cli/args.h"
+#include "cli/command.h"
+#include "kernels/roofline.h"
+#include "model/synth.h"
+#include "train/trainer.h"
+
+namespace fathom::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void on_signal(int) {
+  g_stop.store(true);
+}
+
+void install_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND;  // a second signal kills as usual
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// The model: --config FILE, or a synth preset (--preset) resized by --layers / --experts, with
+// the data's vocabulary.
+Result<ModelConfig> model_config(const std::string& config_path, const std::string& preset,
+                                 std::optional<int64_t> layers, std::optional<int64_t> experts, bool mtp,
+                                 const std::string& data_dir) {
+  SynthOptions so;
+  so.config_path = config_path;
+  so.preset = preset;
+  so.layers = layers;
+  so.experts = experts;
+  so.mtp = mtp;
+  if (config_path.empty()) {
+    const train::TokenData d = TRY(train::load_token_data(data_dir, 1));
+    so.vocab = d.meta.vocab_size;
+  }
+  ModelConfig c = TRY(synth_config(so, 0));
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
+int run_train(int argc, char** argv) {
+  train::TrainerOptions o;
+  std::string config_path, preset = "tiny";
+  std::optional<int64_t> layers, experts, seed;
+  double time_budget_min = 0;
+  bool json_out = false, no_peak = false;
+  Args args(
+      argv[0],
+      "Train a DeepSeek-V3-architecture model (MLA, DeepSeekMoE with aux-loss-free balancing, optional MTP)\n"
+      "in one process on a fathom-tokens-v1 directory. Writes RUN_DIR/checkpoint.bin, run.json, log.jsonl\n"
+      "and loss.svg; SIGINT/SIGTERM checkpoint and stop; --resume continues bit-identically.");
+  args.usage("--data DIR (--config config.json | --preset tiny [--layers N]) --out RUN_DIR [options]");
+  args.option("--data", &o.data_dir, "token directory (meta.json, train.bin, val.bin, tokenizer.json)",
+              "DIR");
+  args.option("--config", &config_path, "model shape: a Hugging Face config.json (vocab_size = the data's)",
+              "FILE");
+  args.option("--preset", &preset,
+              "model shape when no --config: a `fathom synth` preset (vocab from the data)", "NAME");
+  args.option("--layers", &layers, "override num_hidden_layers");
+  args.option("--experts", &experts, "override n_routed_experts");
+  args.option("--out", &o.out_dir, "run directory", "RUN_DIR");
+  args.option("--steps", &o.steps, "optimizer steps in total [1000]");
+  args.option("--seq-len", &o.seq_len, "tokens per sequence [128]");
+  args.option("--batch", &o.batch, "sequences per micro-batch [8]");
+  args.option("--micro-batches", &o.micro_batches, "micro-batches per step (gradient accumulation) [1]");
+  args.option("--lr", &o.schedule.lr, "peak learning rate [3e-3]");
+  args.option("--min-lr", &o.schedule.min_lr, "final learning rate of the cosine decay [3e-4]");
+  args.option("--warmup", &o.schedule.warmup, "linear warmup steps [100]");
+  args.option("--weight-decay", &o.adamw.weight_decay,
+              "AdamW decoupled weight decay (not on norms/biases) [0.1]");
+  args.option("--clip", &o.clip, "global gradient-norm clip (0: off) [1.0]");
+  args.option("--seed", &seed, "initialisation and data-order seed [0]");
+  args.flag("--mtp", &o.mtp, "train the multi-token-prediction module too");
+  args.option("--mtp-weight", &o.model.mtp_weight, "MTP loss weight [0.3]");
+  args.option("--eval-every", &o.eval_every, "validation every N steps (0: at the end) [100]");
+  args.option("--eval-batches", &o.eval_batches, "validation micro-batches [4]");
+  args.option("--save-every", &o.save_every, "checkpoint every N steps (0: at the end) [500]");
+  args.flag("--resume", &o.resume, "continue RUN_DIR/checkpoint.bin (same options)");
+  args.option("--time-budget", &time_budget_min, "stop cleanly with a checkpoint after this many minutes",
+              "MINUTES");
+  args.flag("--no-peak", &no_peak, "skip measuring the fp32 peak (no MFU)");
+  args.flag("--json", &json_out, "print one JSON summary line");
+  auto parsed = args.parse(argc, argv);
+  if (!parsed.ok()) return fail(args.command(), parsed.status());
+  if (!*parsed) return 0;
+  if (seed) o.seed = static_cast<uint64_t>(*seed);
+  if (time_budget_min < 0)
+    return fail(args.command(), invalid_argument("--time-budget must not be negative"));
+  o.time_budget_s = time_budget_min * 60;
+  o.schedule.steps = o.steps;
+  auto config = model_config(config_path, preset, layers, experts, o.mtp, o.data_dir);
+  if (!config.ok()) return fail(args.command(), config.status());
+  if (!no_peak) o.peak_gflops = measure_peak_compute(default_pool(), 0.2).f32_gflops;
+  install_handlers();
+  o.stop = &g_stop;
+  auto r = train::train_model(*config, o);
+  if (!r.ok()) return fail(args.command(), r.status());
+  if (json_out) {
+    nlohmann::json j = {{"steps", r->step},
+                        {"first_loss", r->first_loss},
+                        {"last_loss", r->last_loss},
+                        {"val_loss", r->val_loss},
+                        {"tokens_per_s", r->tokens_per_s},
+                        {"mfu_fp32", r->mfu},
+                        {"peak_fp32_gflops", o.peak_gflops},
+                        {"seconds", r->seconds},
+                        {"interrupted", r->interrupted},
+                        {"checkpoint", r->checkpoint}};
+    print_json_line(j.dump());
+  } else {
+    if (r->losses.empty()) {
+      std::printf("nothing to do: the run is at step %lld of --steps %lld; checkpoint %s\n",
+                  static_cast<long long>(r->step), static_cast<long long>(o.steps), r->checkpoint.c_str());
+    } else {
+      const std::string val = r->val_loss >= 0 ? fmt::format(", val {:.4f}", r->val_loss) : std::string();
+      std::printf("trained to step %lld: loss %.4f (first %.4f)%s, %.0f tokens/s",
+                  static_cast<long long>(r->step), r->last_loss, r->first_loss, val.c_str(), r->tokens_per_s);
+      if (o.peak_gflops > 0) std::printf(", MFU %.3f of the fp32 peak (%.0f GFLOP/s)", r->mfu, o.peak_gflops);
+      std::printf("%s; checkpoint %s\n", r->interrupted ? " [interrupted]" : "", r->checkpoint.c_str());
+    }
+  }
+  return r->interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+FATHOM_COMMAND("train",
+               "train a DeepSeek-V3-architecture model in one process (checkpoints, resume, log, curve)",
+               run_train);
+
+}  // namespace fathom::cli
