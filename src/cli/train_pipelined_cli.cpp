@@ -85,6 +85,21 @@ Result<ModelConfig> model_config(const Cli& c, bool mtp) {
   return config;
 }
 
+// "3,1" -> {3, 1}.
+Result<std::vector<int64_t>> parse_stage_layers(std::string_view text) {
+  std::vector<int64_t> out;
+  for (std::string_view rest = text; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    char* end = nullptr;
+    const long long n = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0') return invalid_argument("--stage-layers: '{}' is not a layer count", item);
+    out.push_back(n);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return out;
+}
+
 Result<PipelinedOptions> pipelined_options(const Cli& c, int n_ranks) {
   PipelinedOptions o;
   o.schedule = TRY(pipeline::parse_schedule_kind(c.schedule));
@@ -113,16 +128,7 @@ Result<PipelinedOptions> pipelined_options(const Cli& c, int n_ranks) {
   o.init_scale = c.init_scale;
   o.verify = c.verify;
   o.delay_ms_max = c.delay_ms;
-  for (std::string_view rest = c.stage_layers; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    const std::string item(rest.substr(0, comma));
-    char* end = nullptr;
-    const long long n = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0')
-      return invalid_argument("--stage-layers: '{}' is not a layer count", item);
-    o.stage_layers.push_back(n);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
+  o.stage_layers = TRY(parse_stage_layers(c.stage_layers));
   if (c.fault == "drop-weight-grad") {
     o.fault = pipeline::ExecutorOptions::Fault::kDropWeightGradient;
   } else if (c.fault == "corrupt-activation") {
@@ -233,6 +239,22 @@ Status write_file(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+// `fathom train --schedule S` (cmd_train.cpp): MPI, this rank's stages and the executor behind the
+// trainer's StepComputer; adjusts the trainer's options (see train/pipelined.h).
+Result<std::unique_ptr<train::PipelinedTraining>> make_pipelined_training(const std::string& schedule,
+                                                                          const std::string& stage_layers,
+                                                                          const ModelConfig& config,
+                                                                          train::TrainerOptions& o,
+                                                                          bool threads_given) {
+  train::PipelinedTrainingOptions p;
+  p.schedule = TRY(pipeline::parse_schedule_kind(schedule));
+  p.stage_layers = TRY(parse_stage_layers(stage_layers));
+  p.time_budget_s = o.time_budget_s;
+  p.signal = o.stop;
+  p.set_threads = !threads_given && std::getenv("FATHOM_THREADS") == nullptr;
+  return train::PipelinedTraining::create(config, o, p);
+}
 
 int run_pipeline_train_deepseek(int argc, char** argv) {
   Cli c;

@@ -81,58 +81,6 @@ double measure_p2p_ms(MPI_Comm comm, int64_t bytes) {
   return ms;
 }
 
-// The executor's data source: the step's batches fetched and checked before the step, token ids
-// into the first stage, and the last stage's loss record decoded (its gradient: the loss scale).
-template <class T>
-class StageData final : public pipeline::DataSource<T> {
- public:
-  StageData(const ModelConfig& c, const PipelinedOptions& o, BatchSource& batches)
-      : config_(c), o_(o), batches_(batches) {}
-
-  // Collective-free: fetches and validates micro-batches 0..M-1 of `step`.
-  Status prefetch(int64_t step) {
-    const size_t n = size_t(o_.shape.tokens());
-    tokens_.assign(size_t(o_.microbatches), std::vector<int32_t>(n));
-    targets_ = tokens_;
-    for (int mb = 0; mb < o_.microbatches; ++mb) {
-      TRY(batches_.batch(step, mb, tokens_[size_t(mb)], targets_[size_t(mb)]));
-      for (size_t i = 0; i < n; ++i) {
-        const int32_t t = tokens_[size_t(mb)][i], y = targets_[size_t(mb)][i];
-        if (t < 0 || t >= config_.vocab_size || y < -1 || y >= config_.vocab_size) {
-          return out_of_range(
-              "train: step {} micro-batch {}: token {} / target {} at index {} outside [0, {})", step, mb, t,
-              y, i, config_.vocab_size);
-        }
-      }
-    }
-    losses_.clear();
-    return ok_status();
-  }
-  void input(int64_t, int mb, T* out) override {
-    const auto& t = tokens_[size_t(mb)];
-    const auto& y = targets_[size_t(mb)];
-    for (size_t i = 0; i < t.size(); ++i) {
-      out[i] = T(t[i]);
-      out[t.size() + i] = T(y[i]);
-    }
-  }
-  double loss(int64_t, int mb, const T* output, T* output_grad) override {
-    const StepLoss l = decode_loss_record(output);
-    losses_.emplace_back(mb, l);
-    std::fill_n(output_grad, kLossRecordElems, T(0));
-    encode_f64(1.0 / o_.microbatches, output_grad);
-    return l.total;
-  }
-  const std::vector<std::pair<int, StepLoss>>& losses() const { return losses_; }
-
- private:
-  const ModelConfig& config_;
-  const PipelinedOptions& o_;
-  BatchSource& batches_;
-  std::vector<std::vector<int32_t>> tokens_, targets_;
-  std::vector<std::pair<int, StepLoss>> losses_;
-};
-
 uint64_t fnv1a(const std::vector<uint8_t>& bytes, uint64_t h) {
   for (uint8_t b : bytes) {
     h ^= b;
@@ -140,6 +88,53 @@ uint64_t fnv1a(const std::vector<uint8_t>& bytes, uint64_t h) {
   }
   return h;
 }
+
+}  // namespace
+
+// The last stage's embedding copy (MTP, tied head) and stage 0's get the same sum, g0 + gLast, in
+// that order on every holder, so all copies stay bit-identical.
+template <class T>
+Status sync_embedding_grads(const pipeline::Schedule& s,
+                            std::span<const std::unique_ptr<DeepSeekStage<T>>> stages, bool copies,
+                            MPI_Comm comm) {
+  const int last = s.n_stages - 1;
+  if (last == 0 || !copies) return ok_status();
+  DeepSeekStage<T>* first_chunk = nullptr;
+  DeepSeekStage<T>* last_chunk = nullptr;
+  for (const auto& st : stages) {
+    if (st->first() && first_chunk == nullptr) first_chunk = st.get();
+    if (st->last() && last_chunk == nullptr) last_chunk = st.get();
+  }
+  if (first_chunk == nullptr && last_chunk == nullptr) return ok_status();
+  if (first_chunk != nullptr && last_chunk != nullptr) {
+    std::span<T> g0 = first_chunk->embedding_grads(), g1 = last_chunk->embedding_grads();
+    for (size_t i = 0; i < g0.size(); ++i) g0[i] = g0[i] + g1[i];
+    std::copy(g0.begin(), g0.end(), g1.begin());
+    return ok_status();
+  }
+  std::span<T> mine = (first_chunk ? first_chunk : last_chunk)->embedding_grads();
+  std::vector<T> other(mine.size());
+  const int peer = first_chunk != nullptr ? s.rank_of(0, last) : s.rank_of(0, 0);
+  const int tag = s.max_tag() + 8;
+  const int rc = MPI_Sendrecv(mine.data(), int(mine.size()), mpi_type<T>(), peer, tag, other.data(),
+                              int(other.size()), mpi_type<T>(), peer, tag, comm, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) return unavailable("train: embedding gradient exchange with rank {} failed", peer);
+  if (first_chunk != nullptr) {
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = mine[i] + other[i];
+  } else {
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = other[i] + mine[i];
+  }
+  return ok_status();
+}
+
+template Status sync_embedding_grads<float>(const pipeline::Schedule&,
+                                            std::span<const std::unique_ptr<DeepSeekStage<float>>>, bool,
+                                            MPI_Comm);
+template Status sync_embedding_grads<double>(const pipeline::Schedule&,
+                                             std::span<const std::unique_ptr<DeepSeekStage<double>>>, bool,
+                                             MPI_Comm);
+
+namespace {
 
 template <class T>
 class Runner {
@@ -221,40 +216,11 @@ Status Runner<T>::setup() {
   return ok_status();
 }
 
-// The last stage's embedding copy (MTP, tied head) and stage 0's get the same sum, g0 + gLast, in
-// that order on every holder, so all copies stay bit-identical.
 template <class T>
 Status Runner<T>::sync_embedding() {
   const pipeline::Schedule& s = report_.schedule;
-  const int last = s.n_stages - 1;
-  if (last == 0) return ok_status();
-  DeepSeekStage<T>* first_chunk = nullptr;
-  DeepSeekStage<T>* last_chunk = nullptr;
-  for (auto& st : stages_) {
-    if (st->first() && first_chunk == nullptr) first_chunk = st.get();
-    if (st->last() && last_chunk == nullptr) last_chunk = st.get();
-  }
-  const bool copies = stage_params_spec(full_, last, s.n_stages, o_.stage_layers).embedding;
-  if (!copies || (first_chunk == nullptr && last_chunk == nullptr)) return ok_status();
-  std::span<T> mine = (first_chunk ? first_chunk : last_chunk)->embedding_grads();
-  std::vector<T> other(mine.size());
-  if (first_chunk != nullptr && last_chunk != nullptr) {
-    std::span<T> g0 = first_chunk->embedding_grads(), g1 = last_chunk->embedding_grads();
-    for (size_t i = 0; i < g0.size(); ++i) g0[i] = g0[i] + g1[i];
-    std::copy(g0.begin(), g0.end(), g1.begin());
-    return ok_status();
-  }
-  const int peer = first_chunk != nullptr ? s.rank_of(0, last) : s.rank_of(0, 0);
-  const int tag = s.max_tag() + 8;
-  const int rc = MPI_Sendrecv(mine.data(), int(mine.size()), mpi_type<T>(), peer, tag, other.data(),
-                              int(other.size()), mpi_type<T>(), peer, tag, comm_, MPI_STATUS_IGNORE);
-  if (rc != MPI_SUCCESS) return unavailable("train: embedding gradient exchange with rank {} failed", peer);
-  if (first_chunk != nullptr) {
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = mine[i] + other[i];
-  } else {
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = other[i] + mine[i];
-  }
-  return ok_status();
+  const bool copies = stage_params_spec(full_, s.n_stages - 1, s.n_stages, o_.stage_layers).embedding;
+  return sync_embedding_grads<T>(s, stages_, copies, comm_);
 }
 
 // Every stage counted once (DualPipe's direction-1 copies and the last stage's embedding copy

@@ -23,6 +23,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/pipeline.h"
 #include "train/train.h"
+#include "train/trainer.h"
 
 namespace fathom::train {
 
@@ -123,5 +125,45 @@ Status check_pipelined(const ModelConfig& config, const PipelinedOptions& option
 
 Result<PipelinedReport> train_pipelined(const ModelConfig& config, const PipelinedOptions& options,
                                         BatchSource& batches, MPI_Comm comm);
+
+// ---- `mpirun -np N fathom train --schedule S`: the trainer's loop on pipeline stages -------------
+//
+//   auto pp = TRY(PipelinedTraining::create(config, trainer_options, {.schedule = ScheduleKind::kDualPipe}));
+//   auto summary = TRY(train_model(config, trainer_options, pp->computer()));  // on every rank
+//   if (pp->rank() == 0) print(summary);
+//
+// Every rank runs train_model (trainer.h) on a full copy of the parameters; the StepComputer
+// runs each step's micro-batches (TrainerOptions::micro_batches, each `batch` x `seq_len`)
+// through this rank's stages on the schedule and all-gathers the gradients and losses, so data,
+// AdamW, clipping, learning-rate schedule, router-bias rule, checkpoints and export are the
+// single-process trainer's. create() initialises MPI (finalised on destruction), checks shapes
+// before any work, and adjusts `trainer_options`: ranks > 0 write under RUN_DIR/.rank<r>/ with no
+// progress bar, and stopping (the signal flag, the time budget) becomes a collective decision.
+struct PipelinedTrainingOptions {
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kDualPipe;
+  std::vector<int64_t> stage_layers;          // empty: equal runs
+  double time_budget_s = 0;                   // 0: none
+  const std::atomic<bool>* signal = nullptr;  // SIGINT/SIGTERM flag of this process
+  bool set_threads = true;                    // share the node's cores among its ranks
+};
+
+class PipelinedTraining {
+ public:
+  static Result<std::unique_ptr<PipelinedTraining>> create(const ModelConfig& config,
+                                                           TrainerOptions& trainer_options,
+                                                           const PipelinedTrainingOptions& options);
+  ~PipelinedTraining();
+  StepComputer* computer();
+  int rank() const { return rank_; }
+  bool stopped_by_budget() const;
+  double mean_bubble_fraction() const;  // measured, max idle over ranks / op-list time, per step
+  const pipeline::Schedule& schedule() const;
+
+ private:
+  struct Impl;
+  PipelinedTraining();
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+};
 
 }  // namespace fathom::train

@@ -2,10 +2,16 @@
 // single-process run use, and the single-process reference run the verify mode compares with.
 #pragma once
 
+#include <mpi.h>
+
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "pipeline/executor.h"
 #include "train/pipelined.h"
+#include "train/stage.h"
 
 namespace fathom::train {
 
@@ -50,5 +56,64 @@ struct ReferenceRun {
 template <class T>
 Result<ReferenceRun<T>> run_reference(const ParamLayout& full, const PipelinedOptions& options,
                                       BatchSource& batches);
+
+// The executor's data source: the step's batches fetched and checked before the step, token ids
+// into the first stage, and the last stage's loss record decoded (its gradient: the loss scale).
+template <class T>
+class StageData final : public pipeline::DataSource<T> {
+ public:
+  StageData(const ModelConfig& c, const PipelinedOptions& o, BatchSource& batches)
+      : config_(c), o_(o), batches_(batches) {}
+
+  // Collective-free: fetches and validates micro-batches 0..M-1 of `step`.
+  Status prefetch(int64_t step) {
+    const size_t n = size_t(o_.shape.tokens());
+    tokens_.assign(size_t(o_.microbatches), std::vector<int32_t>(n));
+    targets_ = tokens_;
+    for (int mb = 0; mb < o_.microbatches; ++mb) {
+      TRY(batches_.batch(step, mb, tokens_[size_t(mb)], targets_[size_t(mb)]));
+      for (size_t i = 0; i < n; ++i) {
+        const int32_t t = tokens_[size_t(mb)][i], y = targets_[size_t(mb)][i];
+        if (t < 0 || t >= config_.vocab_size || y < -1 || y >= config_.vocab_size) {
+          return out_of_range(
+              "train: step {} micro-batch {}: token {} / target {} at index {} outside [0, {})", step, mb, t,
+              y, i, config_.vocab_size);
+        }
+      }
+    }
+    losses_.clear();
+    return ok_status();
+  }
+  void input(int64_t, int mb, T* out) override {
+    const auto& t = tokens_[size_t(mb)];
+    const auto& y = targets_[size_t(mb)];
+    for (size_t i = 0; i < t.size(); ++i) {
+      out[i] = T(t[i]);
+      out[t.size() + i] = T(y[i]);
+    }
+  }
+  double loss(int64_t, int mb, const T* output, T* output_grad) override {
+    const StepLoss l = decode_loss_record(output);
+    losses_.emplace_back(mb, l);
+    std::fill_n(output_grad, kLossRecordElems, T(0));
+    encode_f64(1.0 / o_.microbatches, output_grad);
+    return l.total;
+  }
+  const std::vector<std::pair<int, StepLoss>>& losses() const { return losses_; }
+
+ private:
+  const ModelConfig& config_;
+  const PipelinedOptions& o_;
+  BatchSource& batches_;
+  std::vector<std::vector<int32_t>> tokens_, targets_;
+  std::vector<std::pair<int, StepLoss>> losses_;
+};
+
+// After a step's op list: the first stage's and the last stage's embedding gradients both become
+// g_first + g_last (when the last stage holds a copy), locally or with one MPI_Sendrecv.
+template <class T>
+Status sync_embedding_grads(const pipeline::Schedule& s,
+                            std::span<const std::unique_ptr<DeepSeekStage<T>>> stages, bool copies,
+                            MPI_Comm comm);
 
 }  // namespace fathom::train

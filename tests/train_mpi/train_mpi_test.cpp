@@ -5,11 +5,15 @@
 // within the bound (1e-10 in f64), DualPipe's copies and the embedding copies bit-identical.
 // Random delays change nothing; shapes that do not split fail before any work.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "mpi_run.h"
 
@@ -174,6 +178,94 @@ TEST(TrainMpi, ShapesThatDoNotSplitFailBeforeAnyWork) {
       run_deepseek(2, "--config " + write_config(2) + " --schedule 1f1b --seq-len 300 --steps 1 --json");
   EXPECT_EQ(longer.rc, 1);
   EXPECT_NE(longer.err.find("max_position_embeddings"), std::string::npos) << longer.err;
+}
+
+// `fathom train` on a token directory: the same run in one process and pipelined on 2 ranks.
+class TrainMpiTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_path("trainer");
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ + "/data");
+    std::vector<uint32_t> train, val;  // counting documents, bos 1 / eos 2, vocab 96
+    uint32_t a = 0;
+    for (int d = 0; d < 240; ++d) {
+      auto& t = d < 200 ? train : val;
+      t.push_back(1);
+      for (int i = 0; i < 20 + d % 17; ++i) t.push_back(4 + (a++ % 64));
+      t.push_back(2);
+    }
+    write_u32(dir_ + "/data/train.bin", train);
+    write_u32(dir_ + "/data/val.bin", val);
+    std::ofstream(dir_ + "/data/meta.json") << nlohmann::json{{"format", "fathom-tokens-v1"},
+                                                              {"vocab_size", 96},
+                                                              {"bos_id", 1},
+                                                              {"eos_id", 2},
+                                                              {"n_train_tokens", train.size()},
+                                                              {"n_val_tokens", val.size()}}
+                                                   .dump();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static void write_u32(const std::string& path, const std::vector<uint32_t>& v) {
+    std::ofstream out(path, std::ios::binary);
+    for (uint32_t x : v) out.write(reinterpret_cast<const char*>(&x), 4);  // little-endian host
+  }
+  // Runs `[mpirun -np N] fathom train ...`; returns the exit code, stderr in *err.
+  int train(int ranks, const std::string& args, std::string* err) const {
+    const std::string bin = std::getenv("FATHOM_BIN") ? std::getenv("FATHOM_BIN") : "fathom";
+    const std::string err_path = dir_ + "/stderr";
+    const std::string launcher =
+        ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
+    const std::string cmd = "OMPI_MCA_mpi_yield_when_idle=1 timeout 240 " + launcher + bin +
+                            " train --threads 1 --no-peak --data " + dir_ + "/data --config " +
+                            write_config(2) +
+                            " --mtp --seq-len 16 --batch 2 --micro-batches 4 --warmup 2 --eval-every 3 " +
+                            args + " >/dev/null 2>" + err_path;
+    const int status = std::system(cmd.c_str());
+    std::ifstream e(err_path);
+    err->assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::vector<nlohmann::json> log(const std::string& run) const {
+    std::vector<nlohmann::json> rows;
+    std::ifstream in(dir_ + "/" + run + "/log.jsonl");
+    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    return rows;
+  }
+  std::string dir_;
+};
+
+TEST_F(TrainMpiTrainer, PipelinedRunGivesTheSingleProcessLosses) {
+  std::string err;
+  ASSERT_EQ(train(0, "--steps 5 --out " + dir_ + "/one", &err), 0) << err;
+  for (const char* schedule : {"dualpipe", "1f1b"}) {
+    const std::string run = std::string("pp_") + schedule;
+    ASSERT_EQ(train(2, std::string("--steps 5 --schedule ") + schedule + " --out " + dir_ + "/" + run, &err),
+              0)
+        << err;
+    const auto want = log("one"), got = log(run);
+    ASSERT_EQ(got.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    // Step 1: the per-micro-batch losses are bit-identical, and so is their mean.
+    EXPECT_EQ(got[0].at("loss").get<double>(), want[0].at("loss").get<double>()) << schedule;
+    EXPECT_EQ(got[0].at("ce").get<double>(), want[0].at("ce").get<double>()) << schedule;
+    EXPECT_EQ(got[0].at("mtp_ce").get<double>(), want[0].at("mtp_ce").get<double>()) << schedule;
+    for (size_t k = 1; k < got.size(); ++k) {  // then within float rounding of the gradient sums
+      const double a = got[k].at("loss").get<double>(), b = want[k].at("loss").get<double>();
+      EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(b)) << schedule << " step " << k + 1;
+    }
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + run + "/checkpoint.bin"));
+  }
+}
+
+TEST_F(TrainMpiTrainer, ShapesThatDoNotSplitFailOnEveryRank) {
+  std::string err;
+  EXPECT_EQ(train(2, "--steps 2 --schedule dualpipev --out " + dir_ + "/v", &err), 1);
+  EXPECT_NE(err.find("does not split into 4 pipeline stages"), std::string::npos) << err;
+  EXPECT_EQ(train(2, "--steps 2 --schedule 1f1b --stage-layers 1,2 --out " + dir_ + "/s", &err), 1);
+  EXPECT_NE(err.find("summing to 3 layers"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/v/checkpoint.bin"));
 }
 
 }  // namespace
