@@ -14,6 +14,8 @@ PACKAGES=(
   libseccomp-dev libsqlite3-dev sqlite3 libtomlplusplus-dev libssl-dev
   clang libclang-rt-14-dev
   python3
+  libopenblas-dev
+  groff-base
 )
 
 missing=()

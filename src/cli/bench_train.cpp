@@ -23,6 +23,7 @@
 #include "model/synth.h"
 #include "train/gemm.h"
 #include "train/train.h"
+#include "train/trainer.h"
 
 namespace fathom::cli {
 namespace {
@@ -94,28 +95,6 @@ nlohmann::json bench_gemms(const TrainBenchOptions& o, double peak) {
   return j;
 }
 
-// Forward FLOPs per micro-batch: linear layers at their active fraction, plus attention.
-double forward_flops(const train::ParamLayout& layout, train::SeqShape shape) {
-  const ModelConfig& c = layout.config;
-  double per_token = 0;
-  for (const train::ParamInfo& p : layout.params) {
-    if (p.shape.size() != 2 || p.role == WeightRole::kEmbedding) continue;
-    double frac = p.expert >= 0
-                      ? static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.n_routed_experts)
-                      : 1.0;
-    if (p.layer >= c.num_hidden_layers)
-      frac *= static_cast<double>(shape.seq_len - 1) / static_cast<double>(shape.seq_len);
-    per_token += 2.0 * static_cast<double>(p.size) * frac;
-  }
-  if (c.tie_word_embeddings) per_token += 2.0 * static_cast<double>(c.vocab_size * c.hidden_size);
-  if (layout.mtp) per_token += 2.0 * static_cast<double>(c.vocab_size * c.hidden_size);  // shared head again
-  const double layers = static_cast<double>(c.num_hidden_layers + (layout.mtp ? 1 : 0));
-  const double pairs = static_cast<double>(shape.seq_len * (shape.seq_len + 1) / 2);  // causal (i, j)
-  const double attn =
-      2.0 * pairs * static_cast<double>(c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim));
-  return per_token * static_cast<double>(shape.tokens()) + attn * layers * static_cast<double>(shape.n_seq);
-}
-
 Result<nlohmann::json> bench_step(const TrainBenchOptions& o, double peak) {
   SynthOptions so;
   so.preset = o.preset;
@@ -147,7 +126,7 @@ Result<nlohmann::json> bench_step(const TrainBenchOptions& o, double peak) {
       },
       o.seconds);
   TRY(status);
-  const double flops = 3.0 * forward_flops(layout, shape);
+  const double flops = 3.0 * train::model_forward_flops(layout, shape);
   const double tps = static_cast<double>(shape.tokens()) / step_s;
   const double mfu = flops / step_s * 1e-9 / peak;
   if (!o.json) {

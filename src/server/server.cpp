@@ -141,7 +141,10 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   GenerationRequest gen = std::move(cr.gen);
   gen.prompt = std::move(*prompt);
   gen.json_object = cr.json_object;
-  if (ctx.tools_active) gen.keep_special_tokens = tool_marker_ids;
+  if (ctx.tools_active) {
+    gen.keep_special_tokens = tool_marker_ids;
+    if (tool_outputs_begin != kNoToken) gen.stop_tokens.push_back(tool_outputs_begin);
+  }
   if (options.enable_test_hooks) {
     std::optional<std::string> text;
     if (body.contains("fathom_test_output") && body["fathom_test_output"].is_string()) {
@@ -431,6 +434,7 @@ Result<std::unique_ptr<Server>> Server::create(Engine& engine, const ServerOptio
   for (int32_t id : {ct.tool_calls_begin, ct.tool_calls_end, ct.tool_call_begin, ct.tool_call_end, ct.tool_sep}) {
     if (id != kNoToken) impl->tool_marker_ids.push_back(id);
   }
+  impl->tool_outputs_begin = ct.tool_outputs_begin;
   impl->install_routes();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }

@@ -45,6 +45,9 @@ struct Server::Impl {
   std::unique_ptr<httplib::Server> http;
   std::unique_ptr<ChatPromptBuilder> builder;
   std::vector<int32_t> tool_marker_ids;
+  // <｜tool▁outputs▁begin｜>: only the client writes tool outputs, so a reply that starts one has
+  // ended its tool calls; generation stops there when tools are active.
+  int32_t tool_outputs_begin = -1;
   std::mutex mu;
   std::map<std::pair<std::string, int>, int64_t> requests;  // (route, status) -> count
   size_t next_test_output = 0;                               // into options.test_outputs (under mu)

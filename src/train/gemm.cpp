@@ -1,5 +1,5 @@
-// GEMMs for the backward passes (see gemm.h). float: operand transposes + the runtime's fp32
-// matmul kernel (kernels/matmul.h, SIMD paths chosen at run time). double: plain blocked loops
+// GEMMs for the backward passes (see gemm.h). float: OpenBLAS (blas.h) for dX = dY.W and
+// dW += dY^T.X, the runtime's fp32 matmul kernel (kernels/matmul.h) for Y = X.W^T. double: plain blocked loops
 // (the panel sizes keep a K-block of B rows in L2 while each row of C reuses it).
 #include "train/gemm.h"
 
@@ -10,6 +10,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/matmul.h"
+#include "train/blas.h"
 
 namespace fathom::train {
 namespace {
@@ -93,28 +94,6 @@ void gemm_nt_blocked(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T*
   });
 }
 
-// src [rows, cols] -> dst [cols, rows], in 32x32 tiles.
-void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kTile = 32;
-  default_pool().parallel_for((rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
-      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
-          for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
-        }
-      }
-    }
-  });
-}
-
-// Per-thread transposition buffers, grown once to the largest shape seen.
-float* scratch(int slot, int64_t n) {
-  thread_local std::vector<float> buffers[2];
-  auto& b = buffers[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
-}
-
 // y[m, w_rows] (+)= x[m, w_cols] . W^T on the runtime's fp32 matmul (AVX-512 / AVX2 / scalar).
 void runtime_matmul(const float* w, int64_t w_rows, int64_t w_cols, const float* x, int64_t m, float* y,
                     bool accumulate) {
@@ -133,16 +112,13 @@ bool trivial(int64_t m, int64_t n, int64_t k, T* c, bool accumulate) {
 
 }  // namespace
 
-// float runs on the runtime's fp32 matmul kernel after transposing the operand that is not in
-// its [rows, cols] . x^T form (O(size) copies against O(m n k) products); double (the tests'
-// instantiation) runs the blocked loops above.
+// float: OpenBLAS with the transposes folded into the call (no copies), rows of C split over the
+// pool; Y = X.W^T on the runtime's kernel. double (the tests' instantiation): the blocked loops.
 template <class T>
 void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate) {
   if (trivial(m, n, k, c, accumulate)) return;
   if constexpr (std::is_same_v<T, float>) {
-    float* bt = scratch(0, n * k);  // b^T: [n, k]
-    transpose(b, k, n, bt);
-    runtime_matmul(bt, n, k, a, m, c, accumulate);
+    blas_gemm_rows<float>(false, false, m, n, k, 1.0f, a, k, b, n, accumulate ? 1.0f : 0.0f, c, n);
   } else {
     gemm_nn_blocked(m, n, k, a, b, c, accumulate);
   }
@@ -152,11 +128,7 @@ template <class T>
 void gemm_tn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
   if (trivial(m, n, k, c, true)) return;
   if constexpr (std::is_same_v<T, float>) {
-    float* at = scratch(0, m * k);  // a^T: [m, k]
-    float* bt = scratch(1, n * k);  // b^T: [n, k]
-    transpose(a, k, m, at);
-    transpose(b, k, n, bt);
-    runtime_matmul(bt, n, k, at, m, c, true);
+    blas_gemm_rows<float>(true, false, m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
   } else {
     gemm_tn_blocked(m, n, k, a, b, c);
   }

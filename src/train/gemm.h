@@ -3,10 +3,10 @@
 //   gemm_nn: C[M, N] (+)= A[M, K] . B[K, N]      dX = dY . W
 //   gemm_tn: C[M, N] +=   A[K, M]^T . B[K, N]    dW += dY^T . X
 //   gemm_nt: C[M, N] (+)= A[M, K] . B[N, K]^T    Y = X . W^T (the double path; float uses kernels/)
-// float: the operand not already in the matmul kernel's form (W [rows, cols], y = x . W^T) is
-// transposed into a per-thread buffer (O(n k) copies against O(m n k) FMAs), then the runtime's
-// fp32 matmul (AVX-512 / AVX2 / scalar, fp32 accumulation) runs on the default pool. double
-// (used by the finite-difference tests): blocked loops, rows of C split over the pool.
+// float: gemm_nn / gemm_tn on OpenBLAS (train/blas.h; transposes folded into the call, rows of C
+// split over the default pool, results independent of the thread count); gemm_nt on the
+// runtime's fp32 matmul (AVX-512 / AVX2 / scalar). double (used by the finite-difference tests):
+// blocked loops, rows of C split over the pool.
 // Any of m, n, k may be 0 (k = 0 writes zeros unless accumulating).
 #pragma once
 

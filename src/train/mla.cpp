@@ -3,7 +3,8 @@
 // latent; interleaved RoPE/YaRN on the rope dims of q and k_pe (shared by all heads); kv_b_proj ->
 // per-head k_nope | v; causal softmax attention with DeepSeek's softmax scale; o_proj.
 // Attention keeps the full probability matrix (O(S^2) per head): training sequences here are
-// short; a flash-style recompute is a later optimisation. (sequence, head) pairs run in parallel.
+// short; a flash-style recompute is a later optimisation. (sequence, head) pairs run in parallel,
+// each as a few GEMMs on the head's strided slices (OpenBLAS, blas.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "base/thread_pool.h"
 #include "kernels/rope.h"
 #include "tensor/convert.h"
+#include "train/blas.h"
 #include "train/train_impl.h"
 
 namespace fathom::train {
@@ -77,97 +79,85 @@ void rope(const MlaContext<T>& ctx, int64_t dim, int64_t pos, bool inverse, T* x
   }
 }
 
-template <class T>
-T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Causal attention of one (sequence, head): p = softmax(scale * q.k^T), att = p.v.
+// Causal attention of one (sequence, head) as GEMMs on the head's strided slices (blas.h, one
+// thread per task): scores = scale * (q_nope . k_nope^T + q_pe . k_pe^T), p = causal softmax
+// (row i over j <= i; the rest 0), att = p . v.
 template <class T>
 void attention_forward_head(const Dims& d, double scale, int64_t s, int64_t h, MlaContext<T>& ctx) {
   const int64_t S = d.S;
   T* P = ctx.p.data() + (s * d.H + h) * S * S;
+  const T* q = ctx.q.data() + (s * S * d.H + h) * d.qk;  // [S, qk], ld H * qk
+  const T* k = ctx.kvb.data() + (s * S * d.H + h) * d.kvbw;  // [S, nope | v], ld H * kvbw
+  const T* kpe = ctx.kpe.data() + s * S * d.rd;                // [S, rd]
+  const T sc = static_cast<T>(scale);
+  blas_gemm<T>(false, true, S, S, d.nope, sc, q, d.H * d.qk, k, d.H * d.kvbw, T(0), P, S);
+  blas_gemm<T>(false, true, S, S, d.rd, sc, q + d.nope, d.H * d.qk, kpe, d.rd, T(1), P, S);
   for (int64_t i = 0; i < S; ++i) {
-    const int64_t ti = s * S + i;
-    const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
     T* pr = P + i * S;
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t tj = s * S + j;
-      const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
-      pr[j] = static_cast<T>(scale) * (dot(q, k, d.nope) + dot(q + d.nope, ctx.kpe.data() + tj * d.rd, d.rd));
-    }
     const T mx = *std::max_element(pr, pr + i + 1);
     T sum = 0;
     for (int64_t j = 0; j <= i; ++j) sum += pr[j] = std::exp(pr[j] - mx);
-    T* o = ctx.att.data() + (ti * d.H + h) * d.vd;
-    for (int64_t j = 0; j <= i; ++j) {
-      pr[j] /= sum;
-      const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
-      for (int64_t e = 0; e < d.vd; ++e) o[e] += pr[j] * v[e];
-    }
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
+    std::fill(pr + i + 1, pr + S, T(0));
   }
+  T* o = ctx.att.data() + (s * S * d.H + h) * d.vd;
+  blas_gemm<T>(false, false, S, d.vd, S, T(1), P, S, k + d.nope, d.H * d.kvbw, T(0), o, d.H * d.vd);
 }
 
 // Every (sequence, head) is an independent task on the pool (disjoint outputs).
 template <class T>
 void attention_forward(const Dims& d, double scale, MlaContext<T>& ctx) {
   const int64_t S = d.S;
-  ctx.p.assign(static_cast<size_t>(ctx.shape.n_seq * d.H * S * S), T(0));
-  ctx.att.assign(static_cast<size_t>(d.n * d.H * d.vd), T(0));
+  ctx.p.resize(static_cast<size_t>(ctx.shape.n_seq * d.H * S * S));
+  ctx.att.resize(static_cast<size_t>(d.n * d.H * d.vd));
   default_pool().run(ctx.shape.n_seq * d.H, [&](int64_t task, int) {
     attention_forward_head(d, scale, task / d.H, task % d.H, ctx);
   });
 }
 
-// One (sequence, head) of the backward from datt (ctx.scratch [n, H, v]): dq (post-RoPE) and this
-// head's k_nope | v gradients (disjoint per task), and its share of dk_pe (post-RoPE) into
-// ctx.dkpe_heads [H, n, rope] (k_pe is shared by the heads: summed afterwards in head order, so
-// the result does not depend on the thread count). ds: [S] scratch.
+// One (sequence, head) of the backward from datt (ctx.scratch [n, H, v]), as GEMMs:
+//   dP = datt . v^T;  dv += P^T . datt;  dS = P * (dP - rowsum(P * dP)) * scale;
+//   dq_nope += dS . k_nope;  dq_pe += dS . k_pe;  dk_nope += dS^T . q_nope;
+//   this head's dk_pe share = dS^T . q_pe into ctx.dkpe_heads [H, n, rope] (k_pe is shared by the
+//   heads: summed afterwards in head order, so the result does not depend on the thread count).
+// dP: [S, S] per-thread scratch.
 template <class T>
-void attention_backward_head(const Dims& d, double scale, int64_t s, int64_t h, T* ds, MlaContext<T>& ctx) {
+void attention_backward_head(const Dims& d, double scale, int64_t s, int64_t h, T* dP, MlaContext<T>& ctx) {
   const int64_t S = d.S;
   const T* P = ctx.p.data() + (s * d.H + h) * S * S;
+  const int64_t base = s * S * d.H + h;
+  const T* da = ctx.scratch.data() + base * d.vd;  // ld H * vd
+  const T* q = ctx.q.data() + base * d.qk;         // ld H * qk
+  const T* k = ctx.kvb.data() + base * d.kvbw;     // ld H * kvbw
+  const T* kpe = ctx.kpe.data() + s * S * d.rd;    // ld rd
+  T* dq = ctx.dq.data() + base * d.qk;
+  T* dk = ctx.dkvb.data() + base * d.kvbw;
+  T* dkpe = ctx.dkpe_heads.data() + (h * d.n + s * S) * d.rd;
+  const int64_t ldq = d.H * d.qk, ldk = d.H * d.kvbw, lda = d.H * d.vd;
+  blas_gemm<T>(false, true, S, S, d.vd, T(1), da, lda, k + d.nope, ldk, T(0), dP, S);
+  blas_gemm<T>(true, false, S, d.vd, S, T(1), P, S, da, lda, T(1), dk + d.nope, ldk);
+  const T sc = static_cast<T>(scale);
   for (int64_t i = 0; i < S; ++i) {
-    const int64_t ti = s * S + i;
     const T* pr = P + i * S;
-    const T* da = ctx.scratch.data() + (ti * d.H + h) * d.vd;
+    T* dr = dP + i * S;
     T sum = 0;
-    for (int64_t j = 0; j <= i; ++j) {
-      T* dkvb_j = ctx.dkvb.data() + ((s * S + j) * d.H + h) * d.kvbw;
-      const T* v = ctx.kvb.data() + ((s * S + j) * d.H + h) * d.kvbw + d.nope;
-      ds[j] = dot(da, v, d.vd);
-      sum += pr[j] * ds[j];
-      for (int64_t e = 0; e < d.vd; ++e) dkvb_j[d.nope + e] += pr[j] * da[e];
-    }
-    const T* q = ctx.q.data() + (ti * d.H + h) * d.qk;
-    T* dq = ctx.dq.data() + (ti * d.H + h) * d.qk;
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t tj = s * S + j;
-      const T g = pr[j] * (ds[j] - sum) * static_cast<T>(scale);
-      const T* k = ctx.kvb.data() + (tj * d.H + h) * d.kvbw;
-      const T* kpe = ctx.kpe.data() + tj * d.rd;
-      T* dk = ctx.dkvb.data() + (tj * d.H + h) * d.kvbw;
-      T* dkpe = ctx.dkpe_heads.data() + (h * d.n + tj) * d.rd;
-      for (int64_t e = 0; e < d.nope; ++e) {
-        dq[e] += g * k[e];
-        dk[e] += g * q[e];
-      }
-      for (int64_t e = 0; e < d.rd; ++e) {
-        dq[d.nope + e] += g * kpe[e];
-        dkpe[e] += g * q[d.nope + e];
-      }
-    }
+    for (int64_t j = 0; j <= i; ++j) sum += pr[j] * dr[j];
+    for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - sum) * sc;
+    std::fill(dr + i + 1, dr + S, T(0));
   }
+  blas_gemm<T>(false, false, S, d.nope, S, T(1), dP, S, k, ldk, T(1), dq, ldq);
+  blas_gemm<T>(false, false, S, d.rd, S, T(1), dP, S, kpe, d.rd, T(1), dq + d.nope, ldq);
+  blas_gemm<T>(true, false, S, d.nope, S, T(1), dP, S, q, ldq, T(1), dk, ldk);
+  blas_gemm<T>(true, false, S, d.rd, S, T(1), dP, S, q + d.nope, ldq, T(1), dkpe, d.rd);
 }
 
 template <class T>
 void attention_backward(const Dims& d, double scale, MlaContext<T>& ctx) {
   ctx.dkpe_heads.assign(static_cast<size_t>(d.H * d.n * d.rd), T(0));
-  ctx.ds.resize(static_cast<size_t>(default_pool().size() * d.S));
+  ctx.ds.resize(static_cast<size_t>(default_pool().size() * d.S * d.S));
   default_pool().run(ctx.shape.n_seq * d.H, [&](int64_t task, int thread) {
-    attention_backward_head(d, scale, task / d.H, task % d.H, ctx.ds.data() + thread * d.S, ctx);
+    attention_backward_head(d, scale, task / d.H, task % d.H, ctx.ds.data() + thread * d.S * d.S, ctx);
   });
   for (int64_t t = 0; t < d.n; ++t) {
     T* dkpe = ctx.dkv.data() + t * d.kvw + d.kvl;

@@ -55,7 +55,7 @@ struct MlaContext {
   std::vector<T> dlat;        // [n, kv_lora] w.r.t. kv_a_layernorm output
   std::vector<T> dkv;         // [n, kv_lora + rope] w.r.t. kv_a output
   std::vector<T> dkpe_heads;  // [H, n, rope] per-head dk_pe before the sum over heads
-  std::vector<T> ds;          // [threads, S] attention-backward scratch
+  std::vector<T> ds;          // [threads, S, S] attention-backward scratch (dP)
   std::vector<T> scratch;     // [n, H, v] datt, then [n, kv_lora]
 };
 

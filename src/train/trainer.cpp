@@ -268,6 +268,7 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
   TRY(save());
   TRY(write_curve(o, rows));
   sum.step = st.step;
+  sum.params = layout.total;
   sum.val_loss = last_val;
   sum.seconds = timer.elapsed_s();
   sum.tokens_per_s = sum.seconds > 0 ? static_cast<double>(run_tokens) / sum.seconds : 0;

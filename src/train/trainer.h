@@ -177,6 +177,7 @@ struct TrainerOptions {
 
 struct TrainSummary {
   int64_t step = 0;  // steps done in total (including before a resume)
+  int64_t params = 0;  // parameters in the slab (MTP included)
   double last_loss = 0, first_loss = 0, val_loss = -1;
   std::vector<double> losses;  // this invocation's step losses (total)
   double tokens_per_s = 0, mfu = 0, seconds = 0;

@@ -99,7 +99,7 @@ ModelConfig tiny_model(bool mtp) {
   return *c;
 }
 
-class Trainer : public ::testing::Test {
+class TrainRun : public ::testing::Test {
  protected:
   void TearDown() override { fs::remove_all(tmp_root()); }
 };
@@ -157,7 +157,7 @@ std::vector<float> checkpoint_params(const std::string& run, const ModelConfig& 
   return p;
 }
 
-TEST_F(Trainer, LossFallsAndTheSameRunTwiceIsBitIdentical) {
+TEST_F(TrainRun, LossFallsAndTheSameRunTwiceIsBitIdentical) {
   const uint64_t seed = testing::fresh_seed("trainer data");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);
@@ -177,7 +177,7 @@ TEST_F(Trainer, LossFallsAndTheSameRunTwiceIsBitIdentical) {
   EXPECT_EQ(logged_losses(a->checkpoint.substr(0, a->checkpoint.rfind('/'))), a->losses);
 }
 
-TEST_F(Trainer, ResumeAfterAnInterruptionIsBitIdentical) {
+TEST_F(TrainRun, ResumeAfterAnInterruptionIsBitIdentical) {
   const uint64_t seed = testing::fresh_seed("trainer resume");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);
@@ -206,7 +206,7 @@ TEST_F(Trainer, ResumeAfterAnInterruptionIsBitIdentical) {
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 4), 0);
 }
 
-TEST_F(Trainer, BadCheckpointsAreRejectedBeforeAnyWork) {
+TEST_F(TrainRun, BadCheckpointsAreRejectedBeforeAnyWork) {
   const std::string data = write_data(tmp("data"), 5);
   const ModelConfig c = tiny_model(true);
   const std::string run = tmp("run");
@@ -242,7 +242,7 @@ TEST_F(Trainer, BadCheckpointsAreRejectedBeforeAnyWork) {
   EXPECT_EQ(train_model(c, r).status().code(), StatusCode::kNotFound);
 }
 
-TEST_F(Trainer, BadDataAndShapesAreRejectedWithClearErrors) {
+TEST_F(TrainRun, BadDataAndShapesAreRejectedWithClearErrors) {
   const ModelConfig c = tiny_model(false);
   auto expect_error = [&](const std::string& dir, const std::string& needle, const ModelConfig& cfg) {
     TrainerOptions o = small_run(dir, tmp("bad_run"), 2);
@@ -298,7 +298,7 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
   return num / den;
 }
 
-TEST_F(Trainer, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
+TEST_F(TrainRun, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
   const uint64_t seed = testing::fresh_seed("trainer export");
   const std::string data = write_data(tmp("data"), seed);
   const ModelConfig c = tiny_model(true);

@@ -127,6 +127,22 @@ await check('tool-call round trip (model output forced by the test hook)', async
   assert.ok(r2.usage.prompt_tokens > r1.usage.prompt_tokens);
 });
 
+await check('a reply that starts tool outputs ends there (only the client writes them)', async () => {
+  const out = CALL.replace('<｜tool▁calls▁end｜>', '') +
+      '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{"temp_c": 99}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>It is 99 degrees.';
+  const r = await client.chat.completions.create({ model: 'default', messages: user('Weather in Paris?'), tools,
+                                                  fathom_test_output: out });
+  const c = r.choices[0];
+  assert.equal(c.finish_reason, 'tool_calls');
+  assert.equal(c.message.tool_calls.length, 1);
+  assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+  assert.ok(!(c.message.content ?? '').includes('99'), c.message.content);
+  // without tools the same text is plain output and runs to its end
+  const plain = await client.chat.completions.create({ model: 'default', messages: user('Weather in Paris?'),
+                                                      fathom_test_output: out });
+  assert.ok(plain.usage.completion_tokens > r.usage.completion_tokens);
+});
+
 await check('streamed tool call arrives as tool_calls deltas', async () => {
   const stream = await client.chat.completions.create({ model: 'default', messages: user('Weather in Paris?'), tools,
                                                         stream: true, fathom_test_output: CALL });

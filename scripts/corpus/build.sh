@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds Fathom's training data end to end (docs/MODEL.md), deterministically for a seed:
+#   scripts/corpus/build.sh OUT_DIR [--seed N]
+# Environment: FATHOM (the binary; default build/bin/fathom), CONVERSATIONS (generated chats,
+# default 36000), DOCS_MB (Debian documentation text, default 18), VOCAB (default 8192),
+# HELDOUT (held-out tool requests, default 400).
+# Writes OUT_DIR/{meta.json,train.bin,val.bin,tokenizer.json,tokenizer_config.json,
+# heldout_tools.jsonl,sources.tsv,split.json,unigram.json}; intermediate files go to OUT_DIR/work.
+# Idempotent: a rerun rewrites every output with the same bytes.
+set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+if [[ $# -lt 1 || "$1" == -* ]]; then
+  echo "usage: $0 OUT_DIR [--seed N]" >&2
+  exit 2
+fi
+out="$1"; shift
+seed=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seed) seed="$2"; shift 2 ;;
+    *) echo "$0: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+fathom="${FATHOM:-$root/build/bin/fathom}"
+conversations="${CONVERSATIONS:-36000}"
+docs_mb="${DOCS_MB:-18}"
+vocab="${VOCAB:-8192}"
+heldout="${HELDOUT:-400}"
+[[ -x "$fathom" ]] || { echo "$0: $fathom is not built (make build, or set FATHOM)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "$0: python3 is required" >&2; exit 1; }
+mkdir -p "$out/work"
+work="$out/work"
+step() { echo "[corpus $(date -u +%H:%M:%S)] $*" >&2; }
+
+step "generating $conversations conversations and $heldout held-out requests (seed $seed)"
+python3 "$here/gen_chat.py" --out "$work" --seed "$seed" --conversations "$conversations" --heldout "$heldout"
+step "gathering ${docs_mb} MB of Debian documentation"
+python3 "$here/gather_docs.py" --out "$work/docs.jsonl" --max-mb "$docs_mb"
+step "rendering text for tokenizer training"
+"$fathom" corpus render --plain --out "$work/tokenizer_train.txt" "$work/docs.jsonl" "$work/chat.jsonl"
+step "training the tokenizer (vocabulary $vocab)"
+"$fathom" tokenizer train --vocab-size "$vocab" --out "$out/tokenizer.json" "$work/tokenizer_train.txt"
+step "tokenizing into $out/train.bin and val.bin"
+"$fathom" corpus tokenize --tokenizer "$out" --out "$out" --seed "$seed" --val-fraction 0.015 \
+  "$work/docs.jsonl" "$work/chat.jsonl"
+cp "$work/heldout_tools.jsonl" "$out/heldout_tools.jsonl"
+cp "$work/split.json" "$out/split.json"
+cp "$work/docs.jsonl.sources.tsv" "$out/sources.tsv"
+"$fathom" eval unigram --data "$out" --json | tail -n 1 > "$out/unigram.json"
+step "done: $(cat "$out/meta.json" | tr -d '\n ')"
+step "unigram baseline: $(cat "$out/unigram.json")"

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Deterministic generator of chat and tool-use conversations (OpenAI request shapes).
+
+Writes, for a seed and a count:
+  OUT/chat.jsonl          one conversation per line: {"messages": [...], "tools": [...]}
+                          (rendered later by `fathom corpus render` with the server's template)
+  OUT/heldout_tools.jsonl held-out requests: {"messages", "tools", "expected_tool"}; their tool
+                          names and request templates never occur in chat.jsonl
+  OUT/split.json          the tool names and template ids of each side (for tests and docs)
+Standard library only; the same seed and count give the same bytes.
+"""
+import argparse
+import hashlib
+import json
+import random
+import re
+import sys
+
+from tool_concepts import CONCEPTS, HELDOUT_TEMPLATES
+from chat_pools import SLOTS, SYSTEM_PROMPTS, PREFIXES, SUFFIXES, plain_chat, no_tool_request
+
+
+def stable_hash(s):
+    return int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+
+
+def style_name(verb, noun, style):
+    parts = [verb] + noun.split("_")
+    if style == "snake":
+        return "_".join(parts)
+    if style == "camel":
+        return parts[0] + "".join(p.capitalize() for p in parts[1:])
+    return "-".join(parts)  # kebab
+
+
+def build_names():
+    """{concept key: (train names, heldout names)}; a (verb, noun) pair is held out in all styles."""
+    out, seen = {}, {}
+    for c in CONCEPTS:
+        combos = [(v, n) for v in c["verbs"] for n in c["nouns"]]
+        held = [vn for vn in combos if stable_hash(c["key"] + ":" + "_".join(vn)) % 6 == 0]
+        if not held:
+            held = [min(combos, key=lambda vn: stable_hash(c["key"] + "|" + "_".join(vn)))]
+        train, heldout = [], []
+        for vn in combos:
+            for style in ("snake", "camel", "kebab"):
+                name = style_name(vn[0], vn[1], style)
+                if name in seen:
+                    raise SystemExit(f"tool name {name} is built by both {seen[name]} and {c['key']}")
+                seen[name] = c["key"]
+                (heldout if vn in held else train).append(name)
+        out[c["key"]] = (train, heldout)
+    return out
+
+
+def schema(c, r):
+    props = {}
+    for name, typ, desc, _ in c["params"]:
+        props[name] = {"type": typ, "description": desc}
+    req = [p[0] for p in c["params"] if p[3]]
+    return {"type": "object", "properties": props, "required": req}
+
+
+def tool_def(c, name, r):
+    return {"type": "function", "function": {"name": name, "description": c["desc"], "parameters": schema(c, r)}}
+
+
+def fill(c, template, r):
+    """Fills a template's {slots} in the tool's parameter order; returns (text, args)."""
+    slots = set(re.findall(r"\{(\w+)\}", template))
+    args = {}
+    for p in c["params"]:
+        if p[0] in slots:
+            args[p[0]] = SLOTS[p[0]](r, args)
+    missing = slots - set(args)
+    if missing:
+        raise SystemExit(f"{c['key']}: template {template!r} has slots that are not parameters: {missing}")
+    return template.format(**args), args
+
+
+def ordered_args(c, args):
+    return {p[0]: args[p[0]] for p in c["params"] if p[0] in args}
+
+
+def derive(result):
+    d = {}
+    for k, v in result.items():
+        if isinstance(v, list):
+            if v and isinstance(v[0], dict):
+                d["top"] = v[0].get("title", "")
+                d["n_results"] = len(v)
+                d["summary"] = "; ".join(f"day {x['day']} {x['conditions']} {x['low']} to {x['high']}" for x in v
+                                         if "day" in x)
+                v = ", ".join(str(x.get("title", x)) for x in v)
+            else:
+                d["top"] = v[0] if v else "nothing"
+                v = ", ".join(v) if v else "nothing"
+        d[k] = v
+    return d
+
+
+def answer(c, args, result, r):
+    fields = dict(args)
+    fields.update(derive(result))
+    return r.choice(c["answers"]).format(**fields)
+
+
+# Concepts a request of one could plausibly mean the other; never offered together.
+CONFUSABLE = [{"weather", "forecast"}, {"reminder", "alarm", "timer"}, {"translate", "define"},
+              {"send_email", "sms"}, {"flights", "directions"}]
+
+
+def confusable(a, b):
+    return any(a["key"] in g and b["key"] in g for g in CONFUSABLE)
+
+
+def pick_tools(c, names, r, n_other, side):
+    """The right tool plus n_other distractors from other concepts, shuffled."""
+    name = r.choice(names[c["key"]][side])
+    others = r.sample([o for o in CONCEPTS if o["key"] != c["key"] and not confusable(c, o)], n_other)
+    tools = [(c, name)] + [(o, r.choice(names[o["key"]][side])) for o in others]
+    r.shuffle(tools)
+    return name, [tool_def(t, n, r) for t, n in tools]
+
+
+def user_text(c, r, templates):
+    t_index = r.randrange(len(templates))
+    text, args = fill(c, templates[t_index], r)
+    if r.random() < 0.3:
+        keep = text.startswith(("I ", "I'")) or text[1:2].isupper()
+        text = r.choice(PREFIXES) + (text if keep else text[0].lower() + text[1:])
+    if r.random() < 0.2:
+        text += r.choice(SUFFIXES)
+    return text, ordered_args(c, args), t_index
+
+
+def system_messages(r):
+    s = r.choice(SYSTEM_PROMPTS)
+    return [{"role": "system", "content": s}] if s else []
+
+
+def tool_turn(c, name, r, call_no):
+    text, args, _ = user_text(c, r, c["templates"][:-HELDOUT_TEMPLATES])
+    result = c["result"](r, args)
+    call_id = f"call_{call_no}"
+    return [{"role": "user", "content": text},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {
+                "name": name, "arguments": json.dumps(args, ensure_ascii=False, separators=(",", ":"))}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result, ensure_ascii=False)},
+            {"role": "assistant", "content": answer(c, args, result, r)}]
+
+
+def tool_conversation(names, r, n):
+    """One or two documents: the call as the model should emit it (the server's prompt, then the calls
+    closed and EOS), and the whole exchange as the template renders it (the prompt the server builds
+    once the tool result is back, then the answer). DeepSeek-V3's template renders a second tool
+    round irregularly (docs/tokenizer.md), so follow-ups are plain chat only."""
+    c = r.choice(CONCEPTS)
+    name, tools = pick_tools(c, names, r, r.randint(0, 3), 0)
+    msgs = system_messages(r) + tool_turn(c, name, r, n)
+    call = {"messages": msgs[:-2], "tools": tools, "render": "tool_call_completion"}
+    # Both documents continue the same prefix after <｜tool▁call▁end｜>: (a) with the calls closed,
+    # (b) with the template's <｜tool▁outputs▁begin｜>. Writing (b) for half the conversations makes
+    # closing the call the likelier continuation (2:1), so a model at temperature 0 ends its turn
+    # there instead of inventing a tool result.
+    if r.random() >= 0.5:
+        return [call]
+    if r.random() < 0.15:
+        msgs += no_tool_request(r)
+    return [call, {"messages": msgs, "tools": tools}]
+
+
+def no_tool_conversation(names, r):
+    c = r.choice(CONCEPTS)
+    _, tools = pick_tools(c, names, r, r.randint(0, 2), 0)
+    return {"messages": system_messages(r) + no_tool_request(r), "tools": tools}
+
+
+def heldout_request(names, r):
+    c = r.choice(CONCEPTS)
+    name, tools = pick_tools(c, names, r, r.randint(0, 3), 1)
+    text, _, t_index = user_text(c, r, c["templates"][-HELDOUT_TEMPLATES:])
+    return {"messages": system_messages(r) + [{"role": "user", "content": text}], "tools": tools,
+            "expected_tool": name, "template": f"{c['key']}#{len(c['templates']) - HELDOUT_TEMPLATES + t_index}"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--conversations", type=int, default=60000)
+    ap.add_argument("--heldout", type=int, default=400)
+    a = ap.parse_args()
+    names = build_names()
+    r = random.Random(a.seed)
+    with open(f"{a.out}/chat.jsonl", "w", encoding="utf-8") as f:
+        for i in range(a.conversations):
+            u = r.random()
+            if u < 0.72:
+                docs = tool_conversation(names, r, i)
+            elif u < 0.87:
+                docs = [no_tool_conversation(names, r)]
+            else:
+                docs = [{"messages": system_messages(r) + plain_chat(r)}]
+            for d in docs:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    hr = random.Random(a.seed * 7919 + 17)
+    with open(f"{a.out}/heldout_tools.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(a.heldout):
+            f.write(json.dumps(heldout_request(names, hr), ensure_ascii=False) + "\n")
+    split = {"train_names": sorted(n for t, _ in names.values() for n in t),
+             "heldout_names": sorted(n for _, h in names.values() for n in h),
+             "train_templates": sorted(f"{c['key']}#{i}" for c in CONCEPTS
+                                       for i in range(len(c["templates"]) - HELDOUT_TEMPLATES)),
+             "heldout_templates": sorted(f"{c['key']}#{i}" for c in CONCEPTS
+                                         for i in range(len(c["templates"]) - HELDOUT_TEMPLATES, len(c["templates"])))}
+    with open(f"{a.out}/split.json", "w", encoding="utf-8") as f:
+        json.dump(split, f, indent=1)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

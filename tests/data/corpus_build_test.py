@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""scripts/corpus/build.sh end to end on a small size: the same seed gives the same bytes, another
+seed different ones; the held-out tool names and request templates never occur in training; the
+outputs have the fathom-tokens-v1 layout; a corpus file that is not UTF-8 is refused with its name
+and byte offset."""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ["FATHOM_BIN"]
+SRC = os.environ["FATHOM_SOURCE_DIR"]
+BUILD = os.path.join(SRC, "scripts/corpus/build.sh")
+ENV = dict(os.environ, FATHOM=BIN, CONVERSATIONS="250", DOCS_MB="0.15", VOCAB="1024", HELDOUT="120")
+FILES = ["train.bin", "val.bin", "meta.json", "tokenizer.json", "tokenizer_config.json", "heldout_tools.jsonl",
+         "split.json", "sources.tsv"]
+
+
+def build(out, seed):
+    subprocess.run([BUILD, out, "--seed", str(seed)], env=ENV, check=True, stdout=subprocess.DEVNULL)
+    return {f: open(os.path.join(out, f), "rb").read() for f in FILES}
+
+
+def check_layout(out, files):
+    meta = json.loads(files["meta.json"])
+    assert meta["format"] == "fathom-tokens-v1", meta
+    assert meta["vocab_size"] == 1024, meta
+    for name, key in (("train.bin", "n_train_tokens"), ("val.bin", "n_val_tokens")):
+        data = files[name]
+        assert len(data) == 4 * meta[key], (name, len(data), meta[key])
+        ids = struct.unpack(f"<{len(data) // 4}I", data)
+        assert ids and ids[0] == meta["bos_id"], name
+        assert max(ids) < meta["vocab_size"], name
+    share = meta["n_text_tokens"] / (meta["n_text_tokens"] + meta["n_chat_tokens"])
+    print(f"text share {share:.2f}, {meta['n_train_tokens']} train / {meta['n_val_tokens']} val tokens")
+    cfg = json.loads(files["tokenizer_config.json"])
+    assert "tool▁calls▁begin" in cfg["chat_template"]
+    info = json.loads(subprocess.run([BIN, "tokenizer", "info", out, "--json"], capture_output=True, check=True,
+                                     text=True).stdout.strip().splitlines()[-1])
+    assert info["chat_template"] == "deepseek-v3" and info["bos_id"] == meta["bos_id"], info
+
+
+def check_heldout_disjoint(out):
+    split = json.loads(open(os.path.join(out, "split.json")).read())
+    held, train = set(split["heldout_names"]), set(split["train_names"])
+    assert held and train and not held & train
+    assert not set(split["heldout_templates"]) & set(split["train_templates"])
+    # No held-out name occurs as a whole name anywhere in the training conversations or documents.
+    text = open(os.path.join(out, "work/chat.jsonl"), encoding="utf-8").read()
+    text += open(os.path.join(out, "work/tokenizer_train.txt"), encoding="utf-8").read()
+    words = set(re.findall(r"[A-Za-z0-9_-]+", text))
+    leaked = held & words
+    assert not leaked, f"held-out names in training: {sorted(leaked)[:5]}"
+    train_users = set()
+    for line in open(os.path.join(out, "work/chat.jsonl"), encoding="utf-8"):
+        for m in json.loads(line)["messages"]:
+            if m["role"] == "user":
+                train_users.add(m["content"])
+    n = 0
+    for line in open(os.path.join(out, "heldout_tools.jsonl"), encoding="utf-8"):
+        q = json.loads(line)
+        names = [t["function"]["name"] for t in q["tools"]]
+        assert q["expected_tool"] in names and set(names) <= held, q
+        assert q["template"] in split["heldout_templates"], q
+        assert q["messages"][-1]["content"] not in train_users, q
+        n += 1
+    assert n == 120, n
+    print(f"held-out: {n} requests, {len(held)} held-out names vs {len(train)} training names, disjoint")
+
+
+def check_bad_utf8(tmp):
+    bad = os.path.join(tmp, "bad.jsonl")
+    with open(bad, "wb") as f:
+        f.write(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    r = subprocess.run([BIN, "corpus", "tokenize", "--tokenizer", os.path.join(tmp, "a"), "--out", tmp, bad],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r
+    assert f"{bad}: not valid UTF-8 at byte offset 30" in r.stderr, r.stderr
+    r = subprocess.run([BIN, "tokenizer", "train", "--vocab-size", "300", "--out", os.path.join(tmp, "t.json"), bad],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "bad.jsonl" in r.stderr, r.stderr
+    print("non-UTF-8 corpus input refused:", r.stderr.strip().splitlines()[-1])
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="fathom-corpus-test-")
+    try:
+        a = build(os.path.join(tmp, "a"), 5)
+        b_dir = os.path.join(tmp, "b")
+        b = build(b_dir, 5)
+        for f in FILES:
+            assert a[f] == b[f], f"{f} differs between two builds with the same seed"
+        for f in FILES:  # idempotent: a rerun over spoiled outputs rewrites every one of them
+            with open(os.path.join(b_dir, f), "wb") as out:
+                out.write(b"spoiled")
+        assert build(b_dir, 5) == a
+        gen = os.path.join(SRC, "scripts/corpus/gen_chat.py")
+        for seed in (5, 6):
+            os.makedirs(os.path.join(tmp, f"g{seed}"))
+            subprocess.run([sys.executable, gen, "--out", os.path.join(tmp, f"g{seed}"), "--seed", str(seed),
+                            "--conversations", ENV["CONVERSATIONS"], "--heldout", ENV["HELDOUT"]], check=True)
+        assert open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read() == \
+            open(os.path.join(tmp, "a/work/chat.jsonl"), "rb").read()
+        assert open(os.path.join(tmp, "g6/chat.jsonl"), "rb").read() != \
+            open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read()
+        print("deterministic: same seed -> same bytes (also rebuilt over spoiled outputs); another seed differs")
+        check_layout(os.path.join(tmp, "a"), a)
+        check_heldout_disjoint(os.path.join(tmp, "a"))
+        check_bad_utf8(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
