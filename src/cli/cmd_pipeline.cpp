@@ -17,6 +17,9 @@
 #include "pipeline/trainer.h"
 
 namespace fathom::cli {
+
+int run_pipeline_train_deepseek(int argc, char** argv);  // train_pipelined_cli.cpp
+
 namespace {
 
 using namespace fathom::pipeline;
@@ -308,12 +311,20 @@ int run_pipeline_train(int argc, char** argv) {
   return 0;
 }
 
+bool wants_deepseek(int argc, char** argv) {  // `pipeline train --model ...`: train_pipelined_cli.cpp
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--model") == 0 || std::strncmp(argv[i], "--model=", 8) == 0) return true;
+  }
+  return false;
+}
+
 int run_pipeline(int argc, char** argv) {
   static const char* kUsage =
       "usage: fathom pipeline <command> [options]\n"
       "  simulate   timing of a schedule under given op costs (makespan, idle, bubble, activations)\n"
       "  show       draw a simulated schedule: text grid, --trace FILE (Chrome JSON), --svg FILE\n"
       "  train      run a schedule for real: mpirun -np N fathom pipeline train --schedule S ...\n"
+      "             (--model deepseek: DeepSeek-V3 layers; see --model deepseek --help)\n"
       "Run `fathom pipeline <command> --help` for its options.\n";
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -326,6 +337,7 @@ int run_pipeline(int argc, char** argv) {
   const int n = static_cast<int>(rest.size());
   if (sub == "simulate") return run_simulate(n, rest.data());
   if (sub == "show") return run_show(n, rest.data());
+  if (sub == "train" && wants_deepseek(n, rest.data())) return run_pipeline_train_deepseek(n, rest.data());
   if (sub == "train") return run_pipeline_train(n, rest.data());
   return fail(argv[0], invalid_argument("unknown command '{}' (expected simulate, show or train)", sub));
 }

@@ -13,9 +13,18 @@
 #include "cli/command.h"
 #include "kernels/roofline.h"
 #include "model/synth.h"
+#include "train/pipelined.h"
 #include "train/trainer.h"
 
 namespace fathom::cli {
+
+// train_pipelined_cli.cpp: `--schedule` runs the steps on pipeline stages under MPI.
+Result<std::unique_ptr<train::PipelinedTraining>> make_pipelined_training(const std::string& schedule,
+                                                                          const std::string& stage_layers,
+                                                                          const ModelConfig& config,
+                                                                          train::TrainerOptions& o,
+                                                                          bool threads_given);
+
 namespace {
 
 std::atomic<bool> g_stop{false};
@@ -55,7 +64,7 @@ Result<ModelConfig> model_config(const std::string& config_path, const std::stri
 
 int run_train(int argc, char** argv) {
   train::TrainerOptions o;
-  std::string config_path, preset = "tiny";
+  std::string config_path, preset = "tiny", schedule, stage_layers;
   std::optional<int64_t> layers, experts, seed;
   double time_budget_min = 0;
   bool json_out = false, no_peak = false;
@@ -95,6 +104,10 @@ int run_train(int argc, char** argv) {
               "MINUTES");
   args.flag("--no-peak", &no_peak, "skip measuring the fp32 peak (no MFU)");
   args.flag("--json", &json_out, "print one JSON summary line");
+  args.option("--schedule", &schedule,
+              "pipeline-parallel under MPI: 1f1b|zb1p|gpipe|dualpipe|dualpipev (mpirun -np N fathom train ...)",
+              "NAME");
+  args.option("--stage-layers", &stage_layers, "with --schedule: decoder layers per stage, e.g. 3,1", "N,N,...");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
@@ -113,8 +126,16 @@ int run_train(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   install_handlers();
   o.stop = &g_stop;
-  auto r = train::train_model(*config, o);
+  std::unique_ptr<train::PipelinedTraining> pp;
+  if (!schedule.empty()) {
+    auto made = make_pipelined_training(schedule, stage_layers, *config, o, args.given("--threads"));
+    if (!made.ok()) return fail(args.command(), made.status());
+    pp = std::move(*made);
+  }
+  auto r = train::train_model(*config, o, pp ? pp->computer() : nullptr);
+  if (pp && pp->rank() != 0) return r.ok() ? 0 : 1;  // rank 0 reports
   if (!r.ok()) return fail(args.command(), r.status());
+  if (pp && pp->stopped_by_budget()) r->interrupted = false;
   if (json_out) {
     nlohmann::json j = {{"steps", r->step},
                         {"params", r->params},
@@ -127,6 +148,11 @@ int run_train(int argc, char** argv) {
                         {"seconds", r->seconds},
                         {"interrupted", r->interrupted},
                         {"checkpoint", r->checkpoint}};
+    if (pp) {
+      j["schedule"] = schedule;
+      j["ranks"] = pp->schedule().params.n_ranks;
+      j["bubble_fraction"] = pp->mean_bubble_fraction();
+    }
     print_json_line(j.dump());
   } else {
     if (r->losses.empty()) {

@@ -38,6 +38,8 @@ Status check_batch(const ModelConfig& c, SeqShape shape, std::span<const int32_t
   return ok_status();
 }
 
+}  // namespace
+
 template <class T>
 double mtp_forward(const ModelParams<T>& params, const TrainOptions& options, ModelContext<T>& ctx) {
   const ParamLayout& layout = *params.layout;
@@ -122,8 +124,6 @@ void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double los
     }
   }
 }
-
-}  // namespace
 
 template <class T>
 void ModelContextDeleter<T>::operator()(ModelContext<T>* ctx) const {
@@ -241,6 +241,8 @@ void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx
 }
 
 #define FATHOM_MODEL_INSTANTIATE(T)                                                                     \
+  template double mtp_forward<T>(const ModelParams<T>&, const TrainOptions&, ModelContext<T>&);         \
+  template void mtp_backward<T>(const ModelParams<T>&, ModelContext<T>&, double, ModelParams<T>&);      \
   template struct ModelContextDeleter<T>;                                                               \
   template ModelContextPtr<T> make_model_context<T>();                                                  \
   template Result<StepLoss> model_forward<T>(const ModelParams<T>&, SeqShape, std::span<const int32_t>, \

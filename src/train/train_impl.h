@@ -145,4 +145,13 @@ struct ModelContext {
   bool has_forward = false;
 };
 
+// The depth-1 MTP module (model.cpp), for callers that run the model in pieces (pipeline stages).
+// Forward: needs ctx.shape, tokens, targets and h (the final-normed hidden state); returns the MTP
+// cross-entropy. Backward: both halves at once; weight gradients into g (the MTP layer, head and
+// embedding), the hidden-state gradient added into ctx.dh.
+template <class T>
+double mtp_forward(const ModelParams<T>& params, const TrainOptions& options, ModelContext<T>& ctx);
+template <class T>
+void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double loss_scale, ModelParams<T>& g);
+
 }  // namespace fathom::train
