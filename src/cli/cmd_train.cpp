@@ -83,22 +83,22 @@ int run_train(int argc, char** argv) {
   args.option("--layers", &layers, "override num_hidden_layers");
   args.option("--experts", &experts, "override n_routed_experts");
   args.option("--out", &o.out_dir, "run directory", "RUN_DIR");
-  args.option("--steps", &o.steps, "optimizer steps in total [1000]");
-  args.option("--seq-len", &o.seq_len, "tokens per sequence [128]");
-  args.option("--batch", &o.batch, "sequences per micro-batch [8]");
-  args.option("--micro-batches", &o.micro_batches, "micro-batches per step (gradient accumulation) [1]");
-  args.option("--lr", &o.schedule.lr, "peak learning rate [3e-3]");
-  args.option("--min-lr", &o.schedule.min_lr, "final learning rate of the cosine decay [3e-4]");
-  args.option("--warmup", &o.schedule.warmup, "linear warmup steps [100]");
+  args.option("--steps", &o.steps, "optimizer steps in total");
+  args.option("--seq-len", &o.seq_len, "tokens per sequence");
+  args.option("--batch", &o.batch, "sequences per micro-batch");
+  args.option("--micro-batches", &o.micro_batches, "micro-batches per step (gradient accumulation)");
+  args.option("--lr", &o.schedule.lr, "peak learning rate");
+  args.option("--min-lr", &o.schedule.min_lr, "final learning rate of the cosine decay");
+  args.option("--warmup", &o.schedule.warmup, "linear warmup steps");
   args.option("--weight-decay", &o.adamw.weight_decay,
-              "AdamW decoupled weight decay (not on norms/biases) [0.1]");
-  args.option("--clip", &o.clip, "global gradient-norm clip (0: off) [1.0]");
+              "AdamW decoupled weight decay (not on norms/biases)");
+  args.option("--clip", &o.clip, "global gradient-norm clip (0: off)");
   args.option("--seed", &seed, "initialisation and data-order seed [0]");
   args.flag("--mtp", &o.mtp, "train the multi-token-prediction module too");
-  args.option("--mtp-weight", &o.model.mtp_weight, "MTP loss weight [0.3]");
-  args.option("--eval-every", &o.eval_every, "validation every N steps (0: at the end) [100]");
-  args.option("--eval-batches", &o.eval_batches, "validation micro-batches [4]");
-  args.option("--save-every", &o.save_every, "checkpoint every N steps (0: at the end) [500]");
+  args.option("--mtp-weight", &o.model.mtp_weight, "MTP loss weight");
+  args.option("--eval-every", &o.eval_every, "validation every N steps (0: at the end)");
+  args.option("--eval-batches", &o.eval_batches, "validation micro-batches");
+  args.option("--save-every", &o.save_every, "checkpoint every N steps (0: at the end)");
   args.flag("--resume", &o.resume, "continue RUN_DIR/checkpoint.bin (same options)");
   args.option("--time-budget", &time_budget_min, "stop cleanly with a checkpoint after this many minutes",
               "MINUTES");
