@@ -23,8 +23,8 @@ int run_export(int argc, char** argv) {
   args.usage("--run RUN_DIR --out MODEL_DIR|FILE.gguf [--dtype bf16|fp8|f32] [--format hf|gguf]");
   args.option("--run", &o.run_dir, "the training run directory", "RUN_DIR");
   args.option("--out", &o.out, "output directory (hf) or .gguf file", "PATH");
-  args.option("--dtype", &o.dtype, "hf: bf16|fp8|f32; gguf: bf16|f16|f32|q8_0 [bf16]", "DTYPE");
-  args.option("--format", &o.format, "hf or gguf [hf]", "FORMAT");
+  args.option("--dtype", &o.dtype, "hf: bf16|fp8|f32; gguf: bf16|f16|f32|q8_0", "DTYPE");
+  args.option("--format", &o.format, "hf or gguf", "FORMAT");
   args.option("--tokenizer", &o.tokenizer_dir, "directory with tokenizer.json (default: the run's data dir)",
               "DIR");
   args.flag("--json", &json_out, "print one JSON summary line");
