@@ -146,17 +146,7 @@ int run_corpus(int argc, char** argv) {
       "template\n"
       "       fathom corpus tokenize --tokenizer DIR --out DIR IN.jsonl...  write train.bin, val.bin, "
       "meta.json\n";
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::printf("%s", usage);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string sub = argv[1];
-  std::string name = std::string(argv[0]) + " " + sub;
-  argv[1] = name.data();
-  if (sub == "render") return run_render(argc - 1, argv + 1);
-  if (sub == "tokenize") return run_tokenize(argc - 1, argv + 1);
-  std::fprintf(stderr, "fathom corpus: unknown subcommand '%s'\n%s", sub.c_str(), usage);
-  return 2;
+  return run_subcommands(argc, argv, usage, {{"render", run_render}, {"tokenize", run_tokenize}});
 }
 
 }  // namespace

@@ -144,17 +144,7 @@ int run_eval(int argc, char** argv) {
   const char* usage =
       "usage: fathom eval tools --url URL --set heldout_tools.jsonl [--model NAME] [--limit N] [--json]\n"
       "       fathom eval unigram --data DIR [--json]\n";
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::printf("%s", usage);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string sub = argv[1];
-  std::string name = std::string(argv[0]) + " " + sub;
-  argv[1] = name.data();
-  if (sub == "tools") return run_tools(argc - 1, argv + 1);
-  if (sub == "unigram") return run_unigram(argc - 1, argv + 1);
-  std::fprintf(stderr, "fathom eval: unknown subcommand '%s'\n%s", sub.c_str(), usage);
-  return 2;
+  return run_subcommands(argc, argv, usage, {{"tools", run_tools}, {"unigram", run_unigram}});
 }
 
 }  // namespace

@@ -230,19 +230,7 @@ int run_tokenizer(int argc, char** argv) {
       "       fathom tokenizer info PATH                 vocabulary size, special tokens, pre-tokenizer\n"
       "       fathom tokenizer render PATH < chat.json   render a chat with DeepSeek-V3's template\n"
       "       fathom tokenizer parse < generated.txt     DeepSeek tool calls -> OpenAI tool_calls\n";
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::printf("%s", usage);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string sub = argv[1];
-  std::string name = std::string(argv[0]) + " " + sub;
-  argv[1] = name.data();
-  if (sub == "train") return run_train(argc - 1, argv + 1);
-  if (sub == "info") return run_info(argc - 1, argv + 1);
-  if (sub == "render") return run_render(argc - 1, argv + 1);
-  if (sub == "parse") return run_parse(argc - 1, argv + 1);
-  std::fprintf(stderr, "fathom tokenizer: unknown subcommand '%s'\n%s", sub.c_str(), usage);
-  return 2;
+  return run_subcommands(argc, argv, usage, {{"train", run_train}, {"info", run_info}, {"render", run_render}, {"parse", run_parse}});
 }
 
 }  // namespace

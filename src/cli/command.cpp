@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 namespace fathom::cli {
 namespace {
@@ -21,6 +22,22 @@ CommandRegistrar::CommandRegistrar(CommandInfo info) {
 }
 
 const std::vector<CommandInfo>& commands() { return registry(); }
+
+int run_subcommands(int argc, char** argv, const char* usage, std::initializer_list<Subcommand> subs) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::printf("%s", usage);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string sub = argv[1];
+  for (const auto& [sub_name, run] : subs) {
+    if (sub != sub_name) continue;
+    std::string name = std::string(argv[0]) + " " + sub;
+    argv[1] = name.data();
+    return run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "%s: unknown subcommand '%s'\n%s", argv[0], sub.c_str(), usage);
+  return 2;
+}
 
 int fail(std::string_view command, const Status& status) {
   std::fflush(stdout);

@@ -5,7 +5,10 @@
 //   FATHOM_COMMAND("inspect", "Show a checkpoint's tensors and config", run_inspect);
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -25,6 +28,12 @@ struct CommandRegistrar {
 };
 
 const std::vector<CommandInfo>& commands();  // sorted by name
+
+// A command made of subcommands (`fathom corpus render ...`): prints `usage` for no argument (exit
+// 2) or --help/-h (exit 0), else runs the named one with argv[0] = "fathom <command> <sub>"; an
+// unknown name prints the usage to stderr and returns 2.
+using Subcommand = std::pair<std::string_view, CommandFn>;
+int run_subcommands(int argc, char** argv, const char* usage, std::initializer_list<Subcommand> subs);
 
 // Prints "fathom <command>: error: <message>" to stderr and returns the exit code 1.
 int fail(std::string_view command, const Status& status);

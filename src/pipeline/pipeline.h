@@ -117,6 +117,21 @@ struct Costs {
 };
 Status check_costs(const Costs& costs);
 
+// Per-kind sums of measured op times (F, BW, Bi, W, F&B: OpKind order), turned into the mean costs
+// the simulator takes (what `bench pipeline` and pipelined training predict bubbles from).
+struct KindTimes {
+  double sum[5] = {}, count[5] = {};
+  void add(OpKind k, double ms) {
+    sum[int(k)] += ms;
+    count[int(k)] += 1;
+  }
+  void add(const KindTimes& o) {
+    for (int k = 0; k < 5; ++k) sum[k] += o.sum[k], count[k] += o.count[k];
+  }
+  double mean(OpKind k) const { return count[int(k)] > 0 ? sum[int(k)] / count[int(k)] : 0.0; }
+  Costs costs(double p2p) const;
+};
+
 struct OpTime {
   double start = 0;  // compute ops: start and end; send/recv: both equal the post time
   double end = 0;

@@ -188,30 +188,6 @@ void Driver<T>::collect_losses(const StepStats& stats) {
   report_.losses.push_back(std::move(losses));
 }
 
-// Per-kind sums of measured op times (F, BW, Bi, W, F&B: OpKind order), turned into mean costs.
-struct KindTimes {
-  double sum[5] = {}, count[5] = {};
-  void add(OpKind k, double ms) {
-    sum[int(k)] += ms;
-    count[int(k)] += 1;
-  }
-  void add(const KindTimes& o) {
-    for (int k = 0; k < 5; ++k) sum[k] += o.sum[k], count[k] += o.count[k];
-  }
-  Costs costs(double p2p) const {
-    auto mean = [&](OpKind k) { return count[int(k)] > 0 ? sum[int(k)] / count[int(k)] : 0.0; };
-    Costs c;
-    c.f = mean(OpKind::kForward);
-    c.w = mean(OpKind::kWeight);
-    c.b = count[int(OpKind::kBackward)] > 0 ? mean(OpKind::kBackward) : mean(OpKind::kBackwardInput) + c.w;
-    c.w = std::min(c.w, c.b);
-    if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
-    if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
-    c.p2p = p2p;
-    return c;
-  }
-};
-
 template <typename T>
 StepMeasure Driver<T>::measure(const StepStats& stats, std::vector<std::vector<OpRecord>>* all_records) {
   std::vector<double> flat;
@@ -359,6 +335,18 @@ Result<std::pair<double, double>> predict_bubble(const Schedule& s, const Costs&
 Result<TrainReport> train(const TrainOptions& options, MPI_Comm comm) {
   if (options.f64) return Driver<double>(options, comm).run();
   return Driver<float>(options, comm).run();
+}
+
+Costs KindTimes::costs(double p2p) const {
+  Costs c;
+  c.f = mean(OpKind::kForward);
+  c.w = mean(OpKind::kWeight);
+  c.b = count[int(OpKind::kBackward)] > 0 ? mean(OpKind::kBackward) : mean(OpKind::kBackwardInput) + c.w;
+  c.w = std::min(c.w, c.b);
+  if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
+  if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
+  c.p2p = p2p;
+  return c;
 }
 
 }  // namespace fathom::pipeline

@@ -320,28 +320,6 @@ Result<PipelinedReport> Runner<T>::run() {
   return std::move(report_);
 }
 
-// Per-kind means of measured op times (F, BW, Bi, W, F&B in OpKind order) as simulator costs.
-struct KindTimes {
-  double sum[5] = {}, count[5] = {};
-  void add(pipeline::OpKind k, double ms) {
-    sum[int(k)] += ms;
-    count[int(k)] += 1;
-  }
-  double mean(pipeline::OpKind k) const { return count[int(k)] > 0 ? sum[int(k)] / count[int(k)] : 0.0; }
-  pipeline::Costs costs(double p2p) const {
-    using pipeline::OpKind;
-    pipeline::Costs c;
-    c.f = mean(OpKind::kForward);
-    c.w = mean(OpKind::kWeight);
-    c.b = count[int(OpKind::kBackward)] > 0 ? mean(OpKind::kBackward) : mean(OpKind::kBackwardInput) + c.w;
-    c.w = std::min(c.w, c.b);
-    if (count[int(OpKind::kBackwardInput)] > 0) c.bi = mean(OpKind::kBackwardInput);
-    if (count[int(OpKind::kForwardBackward)] > 0) c.fb = mean(OpKind::kForwardBackward);
-    c.p2p = p2p;
-    return c;
-  }
-};
-
 template <class T>
 PipelinedStepMeasure Runner<T>::measure(const pipeline::StepStats& stats) {
   std::vector<double> flat;
@@ -355,14 +333,14 @@ PipelinedStepMeasure Runner<T>::measure(const pipeline::StepStats& stats) {
   m.sync_ms = sync;
   const pipeline::Schedule& s = report_.schedule;
   records_.assign(size_t(size_), {});
-  KindTimes kinds;
+  pipeline::KindTimes kinds;
   std::vector<pipeline::Costs> rank_costs;
   std::vector<std::vector<double>> durations(static_cast<size_t>(size_));  // [rank][op] for the replay
   for (int r = 0; r < size_; ++r) {
     const std::vector<double> v = as_values<double>(all[size_t(r)]);
     durations[size_t(r)].assign(s.ranks[size_t(r)].size(), 0.0);
     double busy = 0;
-    KindTimes mine;
+    pipeline::KindTimes mine;
     for (size_t k = 0; k + 3 <= v.size(); k += 3) {
       const pipeline::OpRecord rec{.op_index = int(v[k]), .start_ms = v[k + 1], .end_ms = v[k + 2]};
       records_[size_t(r)].push_back(rec);
