@@ -103,7 +103,16 @@ Status unigram(const std::string& dir, bool json) {
   const int64_t vocab = meta["vocab_size"].get<int64_t>();
   const auto train = TRY(eval::read_token_bin(dir + "/train.bin", vocab));
   const auto val = TRY(eval::read_token_bin(dir + "/val.bin", vocab));
-  const auto r = TRY(eval::unigram_baseline(train, val, vocab));
+  // With loss masks the baseline counts the tokens the trainer scores (its validation loss is over
+  // those); the all-token figure is printed beside it.
+  const bool masked = meta.contains("loss_mask");
+  std::vector<uint8_t> train_mask, val_mask;
+  if (masked) {
+    train_mask = TRY(eval::read_mask(dir + "/train.mask", static_cast<int64_t>(train.size())));
+    val_mask = TRY(eval::read_mask(dir + "/val.mask", static_cast<int64_t>(val.size())));
+  }
+  const auto r = TRY(eval::unigram_baseline(train, val, vocab, train_mask, val_mask));
+  const auto all = TRY(eval::unigram_baseline(train, val, vocab));
   if (json) {
     print_json_line(nlohmann::json({{"unigram_nats", r.cross_entropy_nats},
                                     {"val_unigram_entropy_nats", r.val_entropy_nats},
@@ -111,11 +120,15 @@ Status unigram(const std::string& dir, bool json) {
                                     {"n_train", r.n_train},
                                     {"n_val", r.n_val},
                                     {"n_val_unseen", r.n_val_unseen},
+                                    {"masked", masked},
+                                    {"unigram_nats_all_tokens", all.cross_entropy_nats},
                                     {"vocab_size", vocab}})
                         .dump());
   } else {
-    std::printf("unigram cross-entropy of val under train: %.4f nats/token (perplexity %.1f)\n",
-                r.cross_entropy_nats, std::exp(r.cross_entropy_nats));
+    std::printf("unigram cross-entropy of val under train: %.4f nats/token (perplexity %.1f)%s\n",
+                r.cross_entropy_nats, std::exp(r.cross_entropy_nats),
+                masked ? " over the tokens the loss masks score" : "");
+    if (masked) std::printf("over every token: %.4f nats/token\n", all.cross_entropy_nats);
     std::printf(
         "val's own unigram entropy: %.4f nats/token; %lld train, %lld val tokens (%lld unseen in train)\n",
         r.val_entropy_nats, static_cast<long long>(r.n_train), static_cast<long long>(r.n_val),

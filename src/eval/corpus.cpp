@@ -1,6 +1,8 @@
 // Corpus documents -> the trainer's `fathom-tokens-v1` files (see eval.h, docs/MODEL.md). Chats
 // are rendered by the same ChatTemplate the server uses; plain text is encoded untrusted.
 #include <xxhash.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -133,6 +135,34 @@ Status encode_document(const Tokenizer& tok, const Document& doc, std::vector<To
   return {};
 }
 
+void loss_mask(const Tokenizer& tok, DocKind kind, std::span<const TokenId> ids, std::vector<uint8_t>* mask) {
+  mask->reserve(mask->size() + ids.size());
+  if (kind == DocKind::kText) {
+    for (size_t i = 0; i < ids.size(); ++i) mask->push_back(ids[i] == tok.bos_id() && i == 0 ? 0 : 1);
+    return;
+  }
+  const ChatTokenIds& c = tok.chat_tokens();
+  bool on = false;  // inside text the assistant writes
+  for (const TokenId id : ids) {
+    uint8_t m = on ? 1 : 0;
+    if (id == c.assistant) {
+      m = 0;  // the server's generation prompt
+      on = true;
+    } else if (id == c.user) {
+      m = 0;
+      on = false;
+    } else if (id == c.tool_outputs_begin) {
+      on = false;  // scored when the assistant's call turn ends with it (m as set above)
+    } else if (id == c.tool_outputs_end) {
+      m = 0;  // written by the server after the client's tool results
+      on = true;
+    } else if (id == tok.eos_id()) {
+      on = false;
+    }
+    mask->push_back(m);
+  }
+}
+
 Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const TokenizeCorpusParams& p) {
   if (p.inputs.empty()) return invalid_argument("no input files");
   if (!(p.val_fraction >= 0 && p.val_fraction < 1))
@@ -140,6 +170,7 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
   const ChatTemplate tmpl = TRY(ChatTemplate::for_tokenizer(tok));
   TokenizeCorpusResult r;
   std::vector<TokenId> train, val;
+  std::vector<uint8_t> train_mask, val_mask;
   const uint64_t threshold = static_cast<uint64_t>(p.val_fraction * 1e6);
   for (const std::string& path : p.inputs) {
     const std::vector<Document> docs = TRY(read_documents(path, tmpl));
@@ -154,6 +185,11 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
           XXH3_64bits_withSeed(docs[i].text.data(), docs[i].text.size(), p.seed) % 1000000 < threshold;
       std::vector<TokenId>& dst = is_val ? val : train;
       dst.insert(dst.end(), ids[i].begin(), ids[i].end());
+      std::vector<uint8_t>& mask = is_val ? val_mask : train_mask;
+      const size_t before = mask.size();
+      loss_mask(tok, docs[i].kind, ids[i], &mask);
+      (is_val ? r.n_val_targets : r.n_train_targets) +=
+          std::count(mask.begin() + static_cast<ptrdiff_t>(before), mask.end(), uint8_t{1});
       (is_val ? r.n_val_docs : r.n_train_docs) += 1;
       (is_val ? r.n_val_tokens : r.n_train_tokens) += static_cast<int64_t>(ids[i].size());
       const bool chat = docs[i].kind == DocKind::kChat;
@@ -165,12 +201,19 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
   if (r.n_train_docs == 0) return invalid_argument("no documents went to train.bin (empty inputs?)");
   TRY(write_bin(p.out_dir + "/train.bin", train));
   TRY(write_bin(p.out_dir + "/val.bin", val));
+  TRY(write_file_atomic(p.out_dir + "/train.mask",
+                        std::string_view(reinterpret_cast<const char*>(train_mask.data()), train_mask.size())));
+  TRY(write_file_atomic(p.out_dir + "/val.mask",
+                        std::string_view(reinterpret_cast<const char*>(val_mask.data()), val_mask.size())));
   r.meta = {{"format", "fathom-tokens-v1"},
             {"vocab_size", tok.vocab_size()},
             {"bos_id", tok.bos_id()},
             {"eos_id", tok.eos_id()},
             {"n_train_tokens", r.n_train_tokens},
             {"n_val_tokens", r.n_val_tokens},
+            {"loss_mask", "uint8"},
+            {"n_train_targets", r.n_train_targets},
+            {"n_val_targets", r.n_val_targets},
             {"n_train_docs", r.n_train_docs},
             {"n_val_docs", r.n_val_docs},
             {"n_chat_tokens", r.n_chat_tokens},
@@ -194,6 +237,19 @@ Result<std::vector<uint32_t>> read_token_bin(const std::string& path, int64_t vo
                           vocab_size);
   }
   return ids;
+}
+
+Result<std::vector<uint8_t>> read_mask(const std::string& path, int64_t n_tokens) {
+  auto file = TRY(MappedFile::open(path));
+  if (static_cast<int64_t>(file->size()) != n_tokens)
+    return invalid_argument("{}: {} bytes, but its token file holds {} tokens (one byte per token)", path,
+                            file->size(), n_tokens);
+  std::vector<uint8_t> mask(file->size());
+  if (!mask.empty()) std::memcpy(mask.data(), file->data(), file->size());
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i] > 1) return invalid_argument("{}: byte {} is {}, a mask byte is 0 or 1", path, i, mask[i]);
+  }
+  return mask;
 }
 
 }  // namespace fathom::eval

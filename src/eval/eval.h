@@ -51,6 +51,16 @@ Result<std::vector<Document>> read_documents(const std::string& path, const Chat
 // already ends with EOS after each assistant turn).
 Status encode_document(const Tokenizer& tok, const Document& doc, std::vector<TokenId>* out);
 
+// Which tokens of an encoded document (encode_document's ids) are training targets, one byte per
+// token (1: the model is trained to predict it; 0: context only), appended to `mask`. Plain text:
+// every token but BOS. A chat: only what the assistant writes (the tokens after each
+// <｜Assistant｜> up to and including its EOS, the <｜tool▁outputs▁begin｜> a call turn ends with in
+// the template, and the answer after <｜tool▁outputs▁end｜>); the system prompt, tool list, user
+// turns, tool outputs and the markers the server writes itself are context, as in supervised
+// fine-tuning. A small model then spends its capacity on the replies (tool names copied from
+// the tool list, arguments from the request) instead of on predicting prompts it is always given.
+void loss_mask(const Tokenizer& tok, DocKind kind, std::span<const TokenId> ids, std::vector<uint8_t>* mask);
+
 struct TokenizeCorpusParams {
   std::vector<std::string> inputs;  // JSONL files, in order
   std::string out_dir;              // gets train.bin, val.bin, meta.json
@@ -61,15 +71,17 @@ struct TokenizeCorpusParams {
 struct TokenizeCorpusResult {
   int64_t n_train_docs = 0, n_val_docs = 0;
   int64_t n_train_tokens = 0, n_val_tokens = 0;
+  int64_t n_train_targets = 0, n_val_targets = 0;  // tokens whose mask byte is 1
   int64_t n_chat_docs = 0, n_text_docs = 0;
   int64_t n_chat_tokens = 0, n_text_tokens = 0;
   int64_t input_bytes = 0;
   nlohmann::json meta;  // what meta.json holds
 };
 
-// Writes OUT/train.bin, OUT/val.bin (uint32 LE ids; every document starts with bos_id) and
-// OUT/meta.json {"format":"fathom-tokens-v1","vocab_size","bos_id","eos_id","n_train_tokens",
-// "n_val_tokens", ...}. A document goes to val when a seeded hash of its text falls below
+// Writes OUT/train.bin, OUT/val.bin (uint32 LE ids; every document starts with bos_id),
+// OUT/train.mask, OUT/val.mask (loss_mask's bytes, one per token) and OUT/meta.json
+// {"format":"fathom-tokens-v1","vocab_size","bos_id","eos_id","n_train_tokens","n_val_tokens",
+// "loss_mask":"uint8","n_train_targets","n_val_targets", ...}. A document goes to val when a seeded hash of its text falls below
 // val_fraction, so identical documents never straddle the split. Deterministic.
 Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const TokenizeCorpusParams& params);
 
@@ -84,8 +96,13 @@ struct UnigramResult {
   int64_t n_train = 0, n_val = 0;
   int64_t n_val_unseen = 0;  // val tokens whose id never occurs in train
 };
+// With masks (one byte per token, as train.mask / val.mask; empty spans: every token counts), only
+// tokens whose byte is 1 count on either side: the baseline for the loss the trainer reports.
 Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::span<const uint32_t> val,
-                                       int64_t vocab_size);
+                                       int64_t vocab_size, std::span<const uint8_t> train_mask = {},
+                                       std::span<const uint8_t> val_mask = {});
+// Reads a .mask file of one byte per token, each 0 or 1; `n_tokens` is its .bin's length.
+Result<std::vector<uint8_t>> read_mask(const std::string& path, int64_t n_tokens);
 
 // ---- Tool-use evaluation ------------------------------------------------------------------------
 

@@ -145,6 +145,71 @@ TEST(Corpus, ToolCallCompletionIsTheServersPromptPlusAReplyItsParserReads) {
   EXPECT_NE(bad.status().message().find("f:3"), std::string::npos);
 }
 
+// The scored tokens of a document, in order (mask byte 1).
+std::vector<TokenId> scored(const std::vector<TokenId>& ids, const std::vector<uint8_t>& mask) {
+  std::vector<TokenId> out;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (mask[i]) out.push_back(ids[i]);
+  return out;
+}
+
+TEST(Corpus, LossMaskScoresExactlyWhatTheAssistantWrites) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const ChatTemplate tmpl = ChatTemplate::deepseek_v3(builtin().bos_token());
+  const ChatTokenIds& c = builtin().chat_tokens();
+  for (int iter = 0; iter < 20; ++iter) {
+    json conv = random_conversation(rng);
+    const json call = conv["messages"][conv["messages"].size() - 3]["tool_calls"][0]["function"];
+    auto doc = parse_document(conv.dump(), tmpl, "test");
+    ASSERT_TRUE(doc.ok());
+    std::vector<TokenId> ids;
+    ASSERT_TRUE(encode_document(builtin(), *doc, &ids).ok());
+    std::vector<uint8_t> mask = {7};  // appended after what is there
+    loss_mask(builtin(), DocKind::kChat, ids, &mask);
+    ASSERT_EQ(mask.size(), ids.size() + 1);
+    EXPECT_EQ(mask[0], 7);
+    mask.erase(mask.begin());
+    // The whole prompt of the first user turn, as the server builds it, is context.
+    json first = {{"model", "m"}, {"messages", json::array()}, {"tools", conv["tools"]}};
+    for (const auto& m : conv["messages"]) {
+      first["messages"].push_back(m);
+      if (m["role"] == "user") break;
+    }
+    const std::vector<TokenId> prompt = server_ids(first);
+    for (size_t i = 0; i < prompt.size(); ++i) ASSERT_EQ(mask[i], 0) << "prompt token " << i;
+    // What is scored: the call (closed by the template's <｜tool▁outputs▁begin｜>), then the answer and EOS.
+    const std::string want = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" +
+                             call["name"].get<std::string>() + "\n```json\n" +
+                             call["arguments"].get<std::string>() +
+                             "\n```<｜tool▁call▁end｜><｜tool▁outputs▁begin｜>It is 21 degrees in Paris.";
+    const std::vector<TokenId> got = scored(ids, mask);
+    ASSERT_FALSE(got.empty());
+    EXPECT_EQ(got.back(), builtin().eos_id());
+    auto text = builtin().decode(std::span<const TokenId>(got).first(got.size() - 1));
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, want) << "seed " << seed;
+    // The tool output and the markers the server writes are never scored.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == c.assistant || ids[i] == c.user || ids[i] == c.tool_outputs_end ||
+          ids[i] == c.tool_output_begin || ids[i] == builtin().bos_id()) {
+        EXPECT_EQ(mask[i], 0) << i;
+      }
+    }
+  }
+  // Plain text: every token but BOS.
+  auto doc = parse_document(R"({"text": "Plain words, <｜User｜> stays text."})", tmpl, "t");
+  ASSERT_TRUE(doc.ok());
+  std::vector<TokenId> ids;
+  ASSERT_TRUE(encode_document(builtin(), *doc, &ids).ok());
+  std::vector<uint8_t> mask;
+  loss_mask(builtin(), DocKind::kText, ids, &mask);
+  ASSERT_EQ(mask.size(), ids.size());
+  EXPECT_EQ(mask[0], 0);
+  EXPECT_EQ(std::count(mask.begin(), mask.end(), uint8_t{1}), static_cast<ptrdiff_t>(ids.size() - 1));
+}
+
 TEST(Corpus, PlainTextIsUntrustedAndEndsWithEos) {
   const ChatTemplate tmpl = ChatTemplate::deepseek_v3(builtin().bos_token());
   auto doc = parse_document(R"({"text": "a <｜Assistant｜> b"})", tmpl, "t");
@@ -228,6 +293,21 @@ TEST(Corpus, TokenizeWritesBosStartedDocumentsDeterministically) {
   EXPECT_EQ(meta["vocab_size"], builtin().vocab_size());
   EXPECT_EQ(meta["bos_id"], builtin().bos_id());
   EXPECT_EQ(meta["n_val_tokens"], r1->n_val_tokens);
+  // The masks: one byte per token, their counts in meta.json; a wrong-sized or non-0/1 mask is refused.
+  EXPECT_EQ(meta["loss_mask"], "uint8");
+  auto train_mask = read_mask(dir + "/train.mask", r1->n_train_tokens);
+  ASSERT_TRUE(train_mask.ok()) << train_mask.status().message();
+  EXPECT_EQ(std::count(train_mask->begin(), train_mask->end(), uint8_t{1}), r1->n_train_targets);
+  EXPECT_EQ(meta["n_train_targets"], r1->n_train_targets);
+  EXPECT_GT(r1->n_train_targets, 0);
+  EXPECT_LT(r1->n_train_targets, r1->n_train_tokens);
+  auto short_mask = read_mask(dir + "/train.mask", r1->n_train_tokens + 1);
+  ASSERT_FALSE(short_mask.ok());
+  EXPECT_NE(short_mask.status().message().find("one byte per token"), std::string::npos);
+  ASSERT_TRUE(write_file_atomic(dir + "/bad.mask", std::string("\x01\x00\x02", 3)).ok());
+  auto bad_mask = read_mask(dir + "/bad.mask", 3);
+  ASSERT_FALSE(bad_mask.ok());
+  EXPECT_NE(bad_mask.status().message().find("byte 2 is 2"), std::string::npos);
   // A truncated .bin is an error naming it.
   ASSERT_TRUE(write_file_atomic(dir + "/bad.bin", "abcdef").ok());
   auto bad = read_token_bin(dir + "/bad.bin", 10);
@@ -247,6 +327,16 @@ TEST(Unigram, MatchesHandComputedCrossEntropyWithAddOneSmoothing) {
   EXPECT_EQ(r->n_val_unseen, 2);
   EXPECT_FALSE(unigram_baseline(train, {}, 3).ok());
   EXPECT_FALSE(unigram_baseline(train, std::vector<uint32_t>{5}, 3).ok());
+  // Masked: only scored tokens count on both sides. train {0, _, 1}, val {_, 1, 2, _}:
+  // p = (count + 1) / (2 + 3): p1 = 2/5, p2 = 1/5.
+  const std::vector<uint8_t> tm = {1, 0, 1}, vm = {0, 1, 1, 0};
+  auto m = unigram_baseline(train, val, 3, tm, vm);
+  ASSERT_TRUE(m.ok());
+  EXPECT_NEAR(m->cross_entropy_nats, -(std::log(0.4) + std::log(0.2)) / 2, 1e-12);
+  EXPECT_EQ(m->n_train, 2);
+  EXPECT_EQ(m->n_val, 2);
+  EXPECT_FALSE(unigram_baseline(train, val, 3, tm, std::vector<uint8_t>{1}).ok());
+  EXPECT_FALSE(unigram_baseline(train, val, 3, tm, std::vector<uint8_t>{0, 0, 0, 0}).ok());
 }
 
 TEST(ToolScore, ClassifiesRepliesByTheirFirstToolCall) {

@@ -9,22 +9,34 @@
 namespace fathom::eval {
 
 Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::span<const uint32_t> val,
-                                       int64_t vocab_size) {
+                                       int64_t vocab_size, std::span<const uint8_t> train_mask,
+                                       std::span<const uint8_t> val_mask) {
   if (vocab_size <= 0) return invalid_argument("vocab_size {} must be positive", vocab_size);
-  if (train.empty() || val.empty())
-    return invalid_argument("train ({} ids) and val ({} ids) must not be empty", train.size(), val.size());
+  if (!train_mask.empty() && train_mask.size() != train.size())
+    return invalid_argument("train mask has {} bytes for {} ids", train_mask.size(), train.size());
+  if (!val_mask.empty() && val_mask.size() != val.size())
+    return invalid_argument("val mask has {} bytes for {} ids", val_mask.size(), val.size());
   std::vector<int64_t> train_counts(vocab_size, 0), val_counts(vocab_size, 0);
-  for (uint32_t id : train) {
+  int64_t n_train = 0, n_val_ids = 0;
+  for (size_t i = 0; i < train.size(); ++i) {
+    const uint32_t id = train[i];
     if (id >= vocab_size) return out_of_range("train id {} is outside the vocabulary of {}", id, vocab_size);
+    if (!train_mask.empty() && train_mask[i] == 0) continue;
     ++train_counts[id];
+    ++n_train;
   }
-  for (uint32_t id : val) {
+  for (size_t i = 0; i < val.size(); ++i) {
+    const uint32_t id = val[i];
     if (id >= vocab_size) return out_of_range("val id {} is outside the vocabulary of {}", id, vocab_size);
+    if (!val_mask.empty() && val_mask[i] == 0) continue;
     ++val_counts[id];
+    ++n_val_ids;
   }
+  if (n_train == 0 || n_val_ids == 0)
+    return invalid_argument("train ({} ids) and val ({} ids) must not be empty", n_train, n_val_ids);
   UnigramResult r;
-  r.n_train = static_cast<int64_t>(train.size());
-  r.n_val = static_cast<int64_t>(val.size());
+  r.n_train = n_train;
+  r.n_val = n_val_ids;
   const double denom = static_cast<double>(r.n_train + vocab_size);
   const double n_val = static_cast<double>(r.n_val);
   double ce = 0, h = 0;

@@ -45,6 +45,11 @@ Result<TokenMeta> read_meta(const std::string& dir) {
   TRY(get("eos_id", m.eos_id, 0));
   TRY(get("n_train_tokens", m.n_train_tokens, 1));
   TRY(get("n_val_tokens", m.n_val_tokens, 1));
+  if (j.contains("loss_mask")) {
+    if (j["loss_mask"] != "uint8")
+      return invalid_argument("data: {}: \"loss_mask\" must be \"uint8\" (one byte per token)", path);
+    m.loss_mask = true;
+  }
   if (m.bos_id >= m.vocab_size || m.eos_id >= m.vocab_size) {
     return invalid_argument("data: {}: bos_id {} / eos_id {} must be below vocab_size {}", path, m.bos_id,
                             m.eos_id, m.vocab_size);
@@ -81,6 +86,23 @@ Status read_split(const std::string& dir, const char* name, int64_t expected, co
   return {};
 }
 
+Status read_mask(const std::string& dir, const char* name, int64_t expected, std::vector<uint8_t>& out) {
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  if (!path_exists(path)) return not_found("data: {} is missing (meta.json declares a loss mask)", path);
+  const std::string bytes = TRY(read_file(path));
+  if (static_cast<int64_t>(bytes.size()) != expected) {
+    return invalid_argument("data: {} has {} bytes but its tokens are {} (one byte per token)", path,
+                            bytes.size(), expected);
+  }
+  out.assign(bytes.begin(), bytes.end());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] > 1) return invalid_argument("data: {}: byte {} is {}, mask bytes are 0 or 1", path, i, out[i]);
+  }
+  if (std::find(out.begin(), out.end(), uint8_t{1}) == out.end())
+    return invalid_argument("data: {} marks no token as a target", path);
+  return {};
+}
+
 std::vector<int64_t> doc_starts(const std::vector<int32_t>& t, int64_t bos, int64_t seq_len) {
   std::vector<int64_t> s;
   const int64_t n = static_cast<int64_t>(t.size());
@@ -99,6 +121,10 @@ Result<TokenData> load_token_data(const std::string& dir, int64_t seq_len) {
   d.meta = TRY(read_meta(dir));
   TRY(read_split(dir, "train.bin", d.meta.n_train_tokens, d.meta, d.train));
   TRY(read_split(dir, "val.bin", d.meta.n_val_tokens, d.meta, d.val));
+  if (d.meta.loss_mask) {
+    TRY(read_mask(dir, "train.mask", d.meta.n_train_tokens, d.train_mask));
+    TRY(read_mask(dir, "val.mask", d.meta.n_val_tokens, d.val_mask));
+  }
   d.train_starts = doc_starts(d.train, d.meta.bos_id, seq_len);
   d.val_starts = doc_starts(d.val, d.meta.bos_id, seq_len);
   if (d.train_starts.empty()) {
@@ -113,14 +139,21 @@ Result<TokenData> load_token_data(const std::string& dir, int64_t seq_len) {
   }
   d.hash = XXH3_64bits_withSeed(d.train.data(), d.train.size() * 4, 0) ^
            XXH3_64bits_withSeed(d.val.data(), d.val.size() * 4, 1);
+  if (d.meta.loss_mask) {
+    d.hash ^= XXH3_64bits_withSeed(d.train_mask.data(), d.train_mask.size(), 2) ^
+              XXH3_64bits_withSeed(d.val_mask.data(), d.val_mask.size(), 3);
+  }
   return d;
 }
 
-void fill_sequence(std::span<const int32_t> tokens, int64_t start, int64_t seq_len, int64_t i, Batch& b) {
+void fill_sequence(std::span<const int32_t> tokens, int64_t start, int64_t seq_len, int64_t i, Batch& b,
+                   std::span<const uint8_t> mask) {
   CHECK(start >= 0 && start + seq_len + 1 <= static_cast<int64_t>(tokens.size()));
+  CHECK(mask.empty() || mask.size() == tokens.size());
   for (int64_t t = 0; t < seq_len; ++t) {
+    const auto next = static_cast<size_t>(start + t + 1);
     b.tokens[static_cast<size_t>(i * seq_len + t)] = tokens[static_cast<size_t>(start + t)];
-    b.targets[static_cast<size_t>(i * seq_len + t)] = tokens[static_cast<size_t>(start + t + 1)];
+    b.targets[static_cast<size_t>(i * seq_len + t)] = mask.empty() || mask[next] ? tokens[next] : -1;
   }
 }
 
@@ -149,7 +182,7 @@ void Sampler::next(int64_t n_seq, Batch& b) {
   b.tokens.resize(static_cast<size_t>(n_seq * seq_len_));
   b.targets.resize(b.tokens.size());
   for (int64_t i = 0; i < n_seq; ++i) {
-    fill_sequence(data_.train, order_[static_cast<size_t>(cursor_)], seq_len_, i, b);
+    fill_sequence(data_.train, order_[static_cast<size_t>(cursor_)], seq_len_, i, b, data_.train_mask);
     if (++cursor_ == static_cast<int64_t>(order_.size())) {
       cursor_ = 0;
       ++epoch_;
@@ -172,7 +205,7 @@ std::vector<Batch> validation_batches(const TokenData& data, int64_t seq_len, in
       const int64_t k = b * n_seq + i;
       // Evenly spaced over the starts when there are enough, else every start in turn.
       const int64_t idx = want <= n_starts ? k * n_starts / want : k % n_starts;
-      fill_sequence(data.val, data.val_starts[static_cast<size_t>(idx)], seq_len, i, batch);
+      fill_sequence(data.val, data.val_starts[static_cast<size_t>(idx)], seq_len, i, batch, data.val_mask);
     }
   }
   return out;

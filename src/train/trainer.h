@@ -33,6 +33,7 @@ struct TokenMeta {
   int64_t eos_id = -1;
   int64_t n_train_tokens = 0;
   int64_t n_val_tokens = 0;
+  bool loss_mask = false;  // "loss_mask": "uint8": train.mask / val.mask say which tokens are scored
 };
 
 // The validated token corpus: meta.json matches the files, sizes are whole uint32s, every id is
@@ -41,6 +42,7 @@ struct TokenData {
   std::string dir;
   TokenMeta meta;
   std::vector<int32_t> train, val;    // token ids
+  std::vector<uint8_t> train_mask, val_mask;  // empty, or one byte per token: 1 = a target
   std::vector<int64_t> train_starts;  // bos positions whose seq_len + 1 tokens fit
   std::vector<int64_t> val_starts;
   uint64_t hash = 0;  // XXH3 of both splits (checkpoints record it)
@@ -77,8 +79,10 @@ class Sampler {
 // document starts (wrapping when there are fewer).
 std::vector<Batch> validation_batches(const TokenData& data, int64_t seq_len, int64_t n_seq,
                                       int64_t n_batches);
-// Fills b.tokens / b.targets for sequence i from tokens[start .. start + seq_len].
-void fill_sequence(std::span<const int32_t> tokens, int64_t start, int64_t seq_len, int64_t i, Batch& b);
+// Fills b.tokens / b.targets for sequence i from tokens[start .. start + seq_len]; with a mask (one
+// byte per token), a target whose byte is 0 becomes -1 (not scored).
+void fill_sequence(std::span<const int32_t> tokens, int64_t start, int64_t seq_len, int64_t i, Batch& b,
+                   std::span<const uint8_t> mask = {});
 
 // ---- Optimizer -----------------------------------------------------------------------------------
 

@@ -288,6 +288,62 @@ TEST_F(TrainRun, BadDataAndShapesAreRejectedWithClearErrors) {
   EXPECT_NE(train_model(c, o).status().to_string().find("max_position_embeddings"), std::string::npos);
 }
 
+TEST_F(TrainRun, LossMasksTurnUnscoredTargetsIntoIgnoredOnes) {
+  const std::string d = write_data(tmp("masked"), 4);
+  auto meta = nlohmann::json::parse(*read_file(d + "/meta.json"));
+  const int64_t n_train = meta["n_train_tokens"], n_val = meta["n_val_tokens"];
+  // Every third token scored.
+  std::string tm(static_cast<size_t>(n_train), '\0'), vm(static_cast<size_t>(n_val), '\1');
+  for (int64_t i = 0; i < n_train; i += 3) tm[static_cast<size_t>(i)] = 1;
+  ASSERT_TRUE(write_file_atomic(d + "/train.mask", tm).ok());
+  ASSERT_TRUE(write_file_atomic(d + "/val.mask", vm).ok());
+  auto unmasked = load_token_data(d, 16);
+  ASSERT_TRUE(unmasked.ok());
+  EXPECT_TRUE(unmasked->train_mask.empty());  // meta.json does not declare one yet
+  meta["loss_mask"] = "uint8";
+  ASSERT_TRUE(write_file_atomic(d + "/meta.json", meta.dump()).ok());
+  auto data = load_token_data(d, 16);
+  ASSERT_TRUE(data.ok()) << data.status().to_string();
+  EXPECT_NE(data->hash, unmasked->hash);
+  Sampler sampler(*data, 16, 9);
+  Batch b;
+  int64_t scored = 0;
+  for (int step = 0; step < 20; ++step) {
+    sampler.next(3, b);
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t t = 0; t < 16; ++t) {
+        const int32_t tgt = b.targets[static_cast<size_t>(i * 16 + t)];
+        if (tgt >= 0) ++scored;
+        // The target of position t is token t + 1 of the sequence; the same token of the data.
+        if (t + 1 < 16) {
+          const int32_t next = b.tokens[static_cast<size_t>(i * 16 + t + 1)];
+          EXPECT_TRUE(tgt == -1 || tgt == next);
+        }
+      }
+    }
+  }
+  EXPECT_GT(scored, 20 * 3 * 16 / 5);
+  EXPECT_LT(scored, 20 * 3 * 16 / 2);
+  // A masked run trains and validates (val all scored, so its loss is finite and positive).
+  TrainerOptions o = small_run(d, tmp("masked_run"), 3);
+  o.mtp = false;
+  auto r = train_model(tiny_model(false), o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // Bad masks: wrong size, a byte that is not 0/1, missing.
+  auto expect_error = [&](const std::string& needle) {
+    auto bad = load_token_data(d, 16);
+    ASSERT_FALSE(bad.ok()) << needle;
+    EXPECT_NE(bad.status().to_string().find(needle), std::string::npos) << bad.status().to_string();
+  };
+  ASSERT_TRUE(write_file_atomic(d + "/val.mask", vm.substr(1)).ok());
+  expect_error("one byte per token");
+  vm[5] = 2;
+  ASSERT_TRUE(write_file_atomic(d + "/val.mask", vm).ok());
+  expect_error("byte 5 is 2");
+  std::filesystem::remove(d + "/val.mask");
+  expect_error("val.mask is missing");
+}
+
 // Max |a - b| / max |b|.
 double rel_err(std::span<const float> a, std::span<const float> b) {
   double num = 0, den = 0;
