@@ -74,6 +74,9 @@ int run_serve(int argc, char** argv) {
   args.option("--kv-store-timeout-ms", &eo.kv_store.io_timeout_ms, "a store call taking longer counts as a failure");
   args.flag("--no-speculative", &no_spec, "do not use the MTP module for speculative decoding");
   args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
+  bool no_tool_constraint = false;
+  args.flag("--no-tool-name-constraint", &no_tool_constraint,
+            "let tool calls name any tool (default: names are decoded constrained to the offered tools)");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
   std::string test_outputs;
   args.option("--test-outputs", &test_outputs,
@@ -101,6 +104,7 @@ int run_serve(int argc, char** argv) {
   eo.kv_cache_bytes = static_cast<uint64_t>(kv_gb * static_cast<double>(uint64_t{1} << 30));
   eo.speculative = !no_spec;
   eo.prefix_cache = !no_prefix;
+  so.constrain_tool_names = !no_tool_constraint;
   so.max_body_bytes = static_cast<size_t>(max_body_mb) << 20;
   if (so.served_model_name.empty()) so.served_model_name = default_model_name(model_path);
   ModelOptions mo;

@@ -59,6 +59,7 @@ struct Seq {
   std::string held;             // text held back while it may start a stop string
   std::optional<int32_t> draft;
   JsonMatcher json;
+  ToolNameState tool_name;
   Timer clock;                  // since submit
   double first_token_s = -1, last_token_s = 0;
   // this step
@@ -76,6 +77,8 @@ struct Engine::Impl {
   std::unique_ptr<KvTier> tier;      // with options.kv_store; destroyed before the cache
   std::unique_ptr<KvTierLink> link;
   std::unique_ptr<JsonVocab> json_vocab;
+  std::unique_ptr<ToolNameVocab> tool_vocab;
+  std::vector<uint64_t> tool_mask;
   std::thread thread;
   std::mutex mu;
   std::condition_variable cv;
@@ -158,6 +161,8 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
   impl->mask.resize(static_cast<size_t>((V + 63) / 64));
   impl->spec = options.speculative && model.has_mtp();
   impl->json_vocab = TRY(JsonVocab::create(model.tokenizer(), static_cast<int32_t>(V)));
+  impl->tool_vocab = ToolNameVocab::create(model.tokenizer(), static_cast<int32_t>(V));
+  impl->tool_mask.resize(impl->mask.size());
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->loop(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -388,6 +393,8 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
     return false;
   }
   if (s.req.json_object) (void)s.json.feed(tok.token_bytes(r.token).value_or(""));
+  if (!s.req.tool_names.empty())
+    s.tool_name.feed(r.token, tok.token_bytes(r.token).value_or(""), tok.chat_tokens().tool_sep);
   std::string piece;
   if (std::find(s.req.keep_special_tokens.begin(), s.req.keep_special_tokens.end(), r.token) !=
       s.req.keep_special_tokens.end()) {
@@ -565,6 +572,12 @@ bool Engine::Impl::step() {
       if (s->req.json_object) {
         json_vocab->mask(s->json, mask.data());
         allowed = mask.data();
+      }
+      if (s->tool_name.active && tool_vocab->mask(s->tool_name.prefix, s->req.tool_names, tool_mask.data())) {
+        if (allowed != nullptr) {
+          for (size_t w = 0; w < tool_mask.size(); ++w) tool_mask[w] &= allowed[w];
+        }
+        allowed = tool_mask.data();
       }
       Result<SampleResult> sr = SampleResult{};
       if (!s->req.forced_output.empty()) {

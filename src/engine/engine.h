@@ -36,6 +36,7 @@
 
 #include "base/status.h"
 #include "engine/json_constraint.h"
+#include "engine/tool_name_constraint.h"
 #include "engine/kv_tier.h"
 #include "engine/sampler.h"
 #include "kvcache/kvcache.h"
@@ -54,6 +55,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_tokens;   // besides EOS
   bool ignore_eos = false;
   bool json_object = false;           // constrain the output to one JSON object
+  // The offered tools' names: when non-empty, a name the model writes after <｜tool▁sep｜> must be
+  // one of them (engine/tool_name_constraint.h).
+  std::vector<std::string> tool_names;
   // Special tokens whose text is kept in the output (the tool-call markers, so the server can
   // parse calls); every other special token is dropped from the text.
   std::vector<int32_t> keep_special_tokens;

@@ -144,6 +144,9 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   if (ctx.tools_active) {
     gen.keep_special_tokens = tool_marker_ids;
     if (tool_outputs_begin != kNoToken) gen.stop_tokens.push_back(tool_outputs_begin);
+    if (options.constrain_tool_names) {
+      for (const ToolDefinition& t : cr.tools) gen.tool_names.push_back(t.name);
+    }
   }
   if (options.enable_test_hooks) {
     std::optional<std::string> text;

@@ -29,6 +29,9 @@ struct ServerOptions {
   int http_threads = 256;               // concurrent connections served
   int read_timeout_s = 10;              // a client that sends nothing for this long is dropped
   int write_timeout_s = 30;
+  // With tools active, a call's name is decoded constrained to the offered tools' names
+  // (engine/tool_name_constraint.h); false lets the model write any name (to measure it unaided).
+  bool constrain_tool_names = true;
   // Testing only: honour a request field "fathom_test_output" (text the model is made to emit,
   // special tokens included) so tool-call round trips can be tested with random weights.
   bool enable_test_hooks = false;

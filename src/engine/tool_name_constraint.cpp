@@ -1,0 +1,64 @@
+// Tool-name constraint (see tool_name_constraint.h): a scan of the vocabulary per constrained step.
+// Names are few and short and a name takes a handful of steps, so a flat scan (V x names prefix
+// compares, ~1 ms at V = 129k) costs less than building a trie per request.
+#include "engine/tool_name_constraint.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tokenizer/tokenizer.h"
+
+namespace fathom {
+
+void ToolNameState::feed(int32_t token, std::string_view bytes, int32_t sep) {
+  if (token == sep) {
+    active = true;
+    prefix.clear();
+    return;
+  }
+  if (!active) return;
+  prefix += bytes;
+  if (prefix.find('\n') != std::string::npos) active = false;
+}
+
+std::unique_ptr<ToolNameVocab> ToolNameVocab::create(const Tokenizer& tok, int32_t vocab_size) {
+  auto v = std::unique_ptr<ToolNameVocab>(new ToolNameVocab());
+  v->bytes_.resize(static_cast<size_t>(std::max(vocab_size, 0)));
+  const int32_t n = std::min(vocab_size, tok.vocab_size());
+  for (int32_t id = 0; id < n; ++id) {
+    const TokenType type = tok.token_type(id);
+    if (type == TokenType::kControl || type == TokenType::kUnused || tok.is_special(id)) continue;
+    auto bytes = tok.token_bytes(id);
+    if (bytes.ok()) v->bytes_[static_cast<size_t>(id)] = std::move(*bytes);
+  }
+  return v;
+}
+
+bool ToolNameVocab::mask(std::string_view prefix, std::span<const std::string> names, uint64_t* allowed) const {
+  std::memset(allowed, 0, mask_words() * sizeof(uint64_t));
+  // What is left of each name (with its "\n") that the prefix still leads to.
+  std::vector<std::string> rest;
+  for (const std::string& name : names) {
+    const std::string full = name + "\n";
+    if (full.size() > prefix.size() && full.compare(0, prefix.size(), prefix) == 0)
+      rest.push_back(full.substr(prefix.size()));
+  }
+  if (rest.empty()) return false;
+  bool any = false;
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    const std::string& b = bytes_[id];
+    if (b.empty()) continue;
+    for (const std::string& r : rest) {
+      // b continues the name, or completes it (its "\n" included) and goes on past it.
+      const bool ok = b.size() <= r.size() ? r.compare(0, b.size(), b) == 0 : b.compare(0, r.size(), r) == 0;
+      if (ok) {
+        allowed[id / 64] |= uint64_t{1} << (id % 64);
+        any = true;
+        break;
+      }
+    }
+  }
+  return any;
+}
+
+}  // namespace fathom
