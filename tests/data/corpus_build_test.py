@@ -16,7 +16,7 @@ BIN = os.environ["FATHOM_BIN"]
 SRC = os.environ["FATHOM_SOURCE_DIR"]
 BUILD = os.path.join(SRC, "scripts/corpus/build.sh")
 ENV = dict(os.environ, FATHOM=BIN, CONVERSATIONS="250", DOCS_MB="0.15", VOCAB="1024", HELDOUT="120")
-FILES = ["train.bin", "val.bin", "meta.json", "tokenizer.json", "tokenizer_config.json", "heldout_tools.jsonl",
+FILES = ["train.bin", "val.bin", "train.mask", "val.mask", "meta.json", "tokenizer.json", "tokenizer_config.json", "heldout_tools.jsonl",
          "split.json", "sources.tsv"]
 
 
@@ -35,6 +35,13 @@ def check_layout(out, files):
         ids = struct.unpack(f"<{len(data) // 4}I", data)
         assert ids and ids[0] == meta["bos_id"], name
         assert max(ids) < meta["vocab_size"], name
+    # Loss masks: one 0/1 byte per token; chats score only the assistant's part, so fewer than all.
+    assert meta["loss_mask"] == "uint8", meta
+    for name, key, targets in (("train.mask", "n_train_tokens", "n_train_targets"),
+                               ("val.mask", "n_val_tokens", "n_val_targets")):
+        mask = files[name]
+        assert len(mask) == meta[key] and set(mask) <= {0, 1}, name
+        assert sum(mask) == meta[targets] and 0 < meta[targets] < meta[key], (name, meta[targets])
     share = meta["n_text_tokens"] / (meta["n_text_tokens"] + meta["n_chat_tokens"])
     print(f"text share {share:.2f}, {meta['n_train_tokens']} train / {meta['n_val_tokens']} val tokens")
     cfg = json.loads(files["tokenizer_config.json"])
