@@ -233,6 +233,55 @@ def tool_conversation(names, r, n):
     return [call, {"messages": msgs, "tools": tools}]
 
 
+def multi_call_conversation(names, r, n):
+    """Parallel calls: 2-4 tools offered, the user asks for two or three of them in one turn, and the
+    reply is one call per request in the order asked (the call document only). Each call is another
+    pick-and-copy of an offered name at the cost of one prompt."""
+    fresh = r.random() < FRESH_NAMES
+    taken = all_list_names(names)
+    picked = []
+    for c in r.sample(CONCEPTS, len(CONCEPTS)):
+        if all(not confusable(c, o) and c["key"] != o["key"] for o in picked):
+            picked.append(c)
+        if len(picked) == 4:
+            break
+    n_tools = r.randint(2, 4)
+    offered = picked[:n_tools]
+    tool_names = [fresh_name(r, taken) if fresh else r.choice(names[c["key"]][0]) for c in offered]
+    order = r.sample(range(n_tools), r.randint(2, min(3, n_tools)))
+    texts, calls = [], []
+    for k, i in enumerate(order):
+        c = offered[i]
+        text, args, _ = user_text(c, r, c["templates"][:-HELDOUT_TEMPLATES])
+        if k:
+            text = r.choice(["Also, ", "And ", "Then ", "Plus, "]) + text[0].lower() + text[1:]
+        texts.append(text)
+        calls.append({"id": f"call_{n}_{k}", "type": "function", "function": {
+            "name": tool_names[i], "arguments": json.dumps(args, ensure_ascii=False, separators=(",", ":"))}})
+    tools = [tool_def(c, name, r) for c, name in zip(offered, tool_names)]
+    perm = list(range(n_tools))
+    r.shuffle(perm)
+    msgs = system_messages(r) + [{"role": "user", "content": " ".join(texts)},
+                                 {"role": "assistant", "content": None, "tool_calls": calls}]
+    return {"messages": msgs, "tools": [tools[i] for i in perm], "render": "tool_call_completion"}
+
+
+# Plain-text copy drills: a random sequence of names and words, then the same sequence again. Every
+# token of the repeat is predictable only by finding its earlier occurrence and copying what
+# followed it — the induction circuit a model needs to copy a tool's name out of the tool list.
+# Small transformers form it quickly on repeated random sequences and slowly on natural text; the
+# tool-call documents alone give it a handful of targets per 250 tokens.
+def copy_drill(names, r):
+    taken = all_list_names(names)
+    items = []
+    for _ in range(r.randint(12, 40)):
+        u = r.random()
+        items.append(fresh_name(r, taken) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.7
+                     else pseudo_word(r) if u < 0.9 else str(r.randint(0, 9999)))
+    line = " ".join(items)
+    return {"text": line + "\n" + line + "\n"}
+
+
 def no_tool_conversation(names, r):
     c = r.choice(CONCEPTS)
     _, tools = pick_tools(c, names, r, r.randint(0, 2), 0, fresh=r.random() < FRESH_NAMES)
@@ -259,7 +308,11 @@ def main():
     with open(f"{a.out}/chat.jsonl", "w", encoding="utf-8") as f:
         for i in range(a.conversations):
             u = r.random()
-            if u < 0.8:
+            if u < 0.12:
+                docs = [copy_drill(names, r)]
+            elif u < 0.27:
+                docs = [multi_call_conversation(names, r, i)]
+            elif u < 0.8:
                 docs = tool_conversation(names, r, i)
             elif u < 0.9:
                 docs = [no_tool_conversation(names, r)]

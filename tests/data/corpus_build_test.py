@@ -64,7 +64,7 @@ def check_heldout_disjoint(out):
     assert not leaked, f"held-out names in training: {sorted(leaked)[:5]}"
     train_users = set()
     for line in open(os.path.join(out, "work/chat.jsonl"), encoding="utf-8"):
-        for m in json.loads(line)["messages"]:
+        for m in json.loads(line).get("messages", []):  # copy drills are plain text
             if m["role"] == "user":
                 train_users.add(m["content"])
     n = 0
