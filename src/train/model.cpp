@@ -41,6 +41,47 @@ Status check_batch(const ModelConfig& c, SeqShape shape, std::span<const int32_t
 }  // namespace
 
 template <class T>
+double head_forward(const T* w, const T* h, std::span<const int32_t> targets, int64_t hidden, int64_t vocab,
+                    bool all_rows, HeadRows<T>& r) {
+  const int64_t n = static_cast<int64_t>(targets.size());
+  r.rows.clear();
+  r.targets.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!all_rows && targets[static_cast<size_t>(i)] < 0) continue;
+    r.rows.push_back(i);
+    r.targets.push_back(targets[static_cast<size_t>(i)]);
+  }
+  const int64_t k = static_cast<int64_t>(r.rows.size());
+  r.h.resize(static_cast<size_t>(k * hidden));
+  for (int64_t j = 0; j < k; ++j)
+    std::copy_n(h + r.rows[static_cast<size_t>(j)] * hidden, hidden, r.h.data() + j * hidden);
+  r.logits.resize(static_cast<size_t>(k * vocab));
+  if (k == 0) return 0.0;
+  linear_forward(r.h.data(), w, k, hidden, vocab, r.logits.data());
+  return cross_entropy_forward_backward<T>(r.logits.data(), k, vocab, r.targets, 1.0, nullptr);
+}
+
+template <class T>
+void head_backward_input(const T* w, HeadRows<T>& r, int64_t n, int64_t hidden, int64_t vocab, double scale,
+                         T* dh) {
+  const int64_t k = static_cast<int64_t>(r.rows.size());
+  std::fill(dh, dh + n * hidden, T(0));
+  r.dlogits.resize(static_cast<size_t>(k * vocab));
+  r.dh.resize(static_cast<size_t>(k * hidden));
+  if (k == 0) return;
+  cross_entropy_forward_backward<T>(r.logits.data(), k, vocab, r.targets, scale, r.dlogits.data());
+  linear_backward_input(r.dlogits.data(), w, k, hidden, vocab, r.dh.data(), false);
+  for (int64_t j = 0; j < k; ++j)
+    std::copy_n(r.dh.data() + j * hidden, hidden, dh + r.rows[static_cast<size_t>(j)] * hidden);
+}
+
+template <class T>
+void head_backward_weight(const HeadRows<T>& r, int64_t hidden, int64_t vocab, T* dw) {
+  const int64_t k = static_cast<int64_t>(r.rows.size());
+  if (k > 0) linear_backward_weight(r.dlogits.data(), r.h.data(), k, hidden, vocab, dw);
+}
+
+template <class T>
 double mtp_forward(const ModelParams<T>& params, const TrainOptions& options, ModelContext<T>& ctx) {
   const ParamLayout& layout = *params.layout;
   const ModelConfig& c = layout.config;
@@ -74,9 +115,8 @@ double mtp_forward(const ModelParams<T>& params, const TrainOptions& options, Mo
   block_forward(layout, L, c.num_hidden_layers, ctx.mtp_shape, options, ctx.mtp_x.data(), ctx.mtp_block);
   ctx.mtp_h.resize(static_cast<size_t>(nm * hd));
   rmsnorm_forward(ctx.mtp_x.data(), L.head_norm, nm, hd, c.rms_norm_eps, ctx.mtp_h.data(), ctx.head_norm);
-  ctx.mtp_logits.resize(static_cast<size_t>(nm * V));
-  linear_forward(ctx.mtp_h.data(), params.head, nm, hd, V, ctx.mtp_logits.data());
-  return cross_entropy_forward_backward<T>(ctx.mtp_logits.data(), nm, V, ctx.mtp_targets, 1.0, nullptr);
+  return head_forward(params.head, ctx.mtp_h.data(), std::span<const int32_t>(ctx.mtp_targets), hd, V,
+                      options.all_logits, ctx.mtp_head);
 }
 
 // Adds the MTP module's gradients: its weights into g, its hidden-state input into ctx.dh.
@@ -88,12 +128,9 @@ void mtp_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double los
   const LayerParams<T>& L = params.layers.back();
   LayerParams<T>& GL = g.layers.back();
   const int64_t hd = c.hidden_size, S = ctx.shape.seq_len, V = c.vocab_size, nm = ctx.mtp_shape.tokens();
-  ctx.mtp_dlogits.resize(static_cast<size_t>(nm * V));
-  cross_entropy_forward_backward<T>(ctx.mtp_logits.data(), nm, V, ctx.mtp_targets, scale,
-                                    ctx.mtp_dlogits.data());
   ctx.mtp_dtmp.resize(static_cast<size_t>(nm * hd));
-  linear_backward_input(ctx.mtp_dlogits.data(), params.head, nm, hd, V, ctx.mtp_dtmp.data(), false);
-  linear_backward_weight(ctx.mtp_dlogits.data(), ctx.mtp_h.data(), nm, hd, V, g.head);
+  head_backward_input(params.head, ctx.mtp_head, nm, hd, V, scale, ctx.mtp_dtmp.data());
+  head_backward_weight(ctx.mtp_head, hd, V, g.head);
   ctx.mtp_dx.resize(static_cast<size_t>(nm * hd));
   rmsnorm_backward_input(ctx.head_norm, L.head_norm, ctx.mtp_dtmp.data(), ctx.mtp_dx.data(), false);
   rmsnorm_backward_weight(ctx.head_norm, ctx.mtp_dtmp.data(), GL.head_norm);
@@ -159,9 +196,7 @@ Result<StepLoss> model_forward(const ModelParams<T>& params, SeqShape shape, std
   }
   ctx.h.resize(ctx.x.size());
   rmsnorm_forward(ctx.x.data(), params.final_norm, n, hd, c.rms_norm_eps, ctx.h.data(), ctx.final_norm);
-  ctx.logits.resize(static_cast<size_t>(n * V));
-  linear_forward(ctx.h.data(), params.head, n, hd, V, ctx.logits.data());
-  loss.ce = cross_entropy_forward_backward<T>(ctx.logits.data(), n, V, targets, 1.0, nullptr);
+  loss.ce = head_forward(params.head, ctx.h.data(), targets, hd, V, options.all_logits, ctx.head);
   for (int32_t t : targets) loss.n_targets += t >= 0;
   ctx.mtp = layout.mtp && shape.seq_len > 1;
   if (ctx.mtp) {
@@ -182,11 +217,9 @@ void model_backward(const ModelParams<T>& params, ModelContext<T>& ctx, double l
   const ParamLayout& layout = *params.layout;
   const ModelConfig& c = layout.config;
   const int64_t n = ctx.shape.tokens(), hd = c.hidden_size, V = c.vocab_size;
-  ctx.dlogits.resize(static_cast<size_t>(n * V));
-  cross_entropy_forward_backward<T>(ctx.logits.data(), n, V, ctx.targets, loss_scale, ctx.dlogits.data());
   ctx.dh.resize(static_cast<size_t>(n * hd));
-  linear_backward_input(ctx.dlogits.data(), params.head, n, hd, V, ctx.dh.data(), false);
-  linear_backward_weight(ctx.dlogits.data(), ctx.h.data(), n, hd, V, grads.head);
+  head_backward_input(params.head, ctx.head, n, hd, V, loss_scale, ctx.dh.data());
+  head_backward_weight(ctx.head, hd, V, grads.head);
   if (ctx.mtp) mtp_backward(params, ctx, loss_scale, grads);
   ctx.dx.resize(ctx.dh.size());
   rmsnorm_backward_input(ctx.final_norm, params.final_norm, ctx.dh.data(), ctx.dx.data(), false);
@@ -209,12 +242,12 @@ std::vector<std::vector<int64_t>> model_expert_loads(const ModelContext<T>& ctx)
 
 template <class T>
 std::span<const T> model_logits(const ModelContext<T>& ctx) {
-  return ctx.logits;
+  return ctx.head.logits;
 }
 
 template <class T>
 std::span<const T> model_mtp_logits(const ModelContext<T>& ctx) {
-  return ctx.mtp ? std::span<const T>(ctx.mtp_logits) : std::span<const T>();
+  return ctx.mtp ? std::span<const T>(ctx.mtp_head.logits) : std::span<const T>();
 }
 
 template <class T>
@@ -241,6 +274,10 @@ void model_update_router_bias(ModelParams<T>& params, const ModelContext<T>& ctx
 }
 
 #define FATHOM_MODEL_INSTANTIATE(T)                                                                     \
+  template double head_forward<T>(const T*, const T*, std::span<const int32_t>, int64_t, int64_t, bool,   \
+                                  HeadRows<T>&);                                                        \
+  template void head_backward_input<T>(const T*, HeadRows<T>&, int64_t, int64_t, int64_t, double, T*);   \
+  template void head_backward_weight<T>(const HeadRows<T>&, int64_t, int64_t, T*);                      \
   template double mtp_forward<T>(const ModelParams<T>&, const TrainOptions&, ModelContext<T>&);         \
   template void mtp_backward<T>(const ModelParams<T>&, ModelContext<T>&, double, ModelParams<T>&);      \
   template struct ModelContextDeleter<T>;                                                               \

@@ -241,7 +241,8 @@ TEST_F(TrainRuntimeTest, ForwardMatchesTheRuntimeOnTheSameWeights) {
   for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
   for (int64_t t = 0; t + 1 < n; ++t) targets[static_cast<size_t>(t)] = tokens[static_cast<size_t>(t + 1)];
   auto ctx = make_model_context<float>();
-  const TrainOptions options{.round_latent_bf16 = true};  // the runtime's KV cache stores bf16
+  // The runtime's KV cache stores bf16; every row's logits (the targets here are all -1).
+  const TrainOptions options{.round_latent_bf16 = true, .all_logits = true};
   ASSERT_TRUE(model_forward(p, {1, n}, tokens, targets, options, *ctx).ok());
 
   // Replay our routing in both runtime paths (router near-ties would otherwise dominate).

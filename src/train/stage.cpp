@@ -217,11 +217,9 @@ void DeepSeekStage<T>::forward_head(Slot& s, T* output) {
   const int64_t n = c.shape.tokens(), hd = mc.hidden_size, V = mc.vocab_size;
   c.h.resize(c.x.size());
   rmsnorm_forward(c.x.data(), params_.final_norm, n, hd, mc.rms_norm_eps, c.h.data(), c.final_norm);
-  c.logits.resize(static_cast<size_t>(n * V));
-  linear_forward(c.h.data(), params_.head, n, hd, V, c.logits.data());
   StepLoss& loss = c.loss;
-  loss.ce = cross_entropy_forward_backward<T>(c.logits.data(), n, V, std::span<const int32_t>(c.targets), 1.0,
-                                              nullptr);
+  loss.ce = head_forward(params_.head, c.h.data(), std::span<const int32_t>(c.targets), hd, V,
+                         config_.options.all_logits, c.head);
   for (int32_t t : c.targets) loss.n_targets += t >= 0;
   c.mtp = mtp_ && c.shape.seq_len > 1;
   if (c.mtp) {
@@ -250,11 +248,8 @@ void DeepSeekStage<T>::backward_input(int slot, const T* output_grad, T* input_g
   c.dx.resize(static_cast<size_t>(n * hd));
   if (last()) {
     scale = decode_f64(output_grad);
-    c.dlogits.resize(static_cast<size_t>(n * V));
-    cross_entropy_forward_backward<T>(c.logits.data(), n, V, std::span<const int32_t>(c.targets), scale,
-                                      c.dlogits.data());
     c.dh.resize(static_cast<size_t>(n * hd));
-    linear_backward_input(c.dlogits.data(), params_.head, n, hd, V, c.dh.data(), false);
+    head_backward_input(params_.head, c.head, n, hd, V, scale, c.dh.data());
     if (c.mtp) mtp_backward(params_, c, scale, grads_);  // both halves: its W is not deferred
     rmsnorm_backward_input(c.final_norm, params_.final_norm, c.dh.data(), c.dx.data(), false);
   } else {
@@ -278,9 +273,9 @@ void DeepSeekStage<T>::backward_weight(int slot) {
   ModelContext<T>& c = *slots_[static_cast<size_t>(slot)]->ctx;
   CHECK_MSG(c.has_forward, "stage {}: weight gradient without a forward in slot {}", config_.stage, slot);
   const ModelConfig& mc = layout_.config;
-  const int64_t n = c.shape.tokens(), hd = mc.hidden_size, V = mc.vocab_size;
+  const int64_t hd = mc.hidden_size, V = mc.vocab_size;
   if (last()) {
-    linear_backward_weight(c.dlogits.data(), c.h.data(), n, hd, V, grads_.head);
+    head_backward_weight(c.head, hd, V, grads_.head);
     rmsnorm_backward_weight(c.final_norm, c.dh.data(), grads_.final_norm);
   }
   for (int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {

@@ -174,6 +174,11 @@ struct TrainOptions {
   // KV cache stores them (so training sees the cache's numerics; the backward passes gradients
   // straight through the rounding). Also what makes the forward comparable to the runtime's.
   bool round_latent_bf16 = false;
+  // Compute the logits of rows without a target too (model_logits / model_mtp_logits then cover
+  // every row, for comparisons with the runtime). Off in training: the lm_head runs over the
+  // scored rows only (loss masks leave most chat rows without a target), the same loss and
+  // gradients for a fraction of the largest matrix product.
+  bool all_logits = false;
 };
 
 template <class T>
@@ -223,7 +228,8 @@ ModelContextPtr<T> make_model_context();
 // Per-layer routed-expert loads of the last forward (tokens per expert), for moe_update_bias.
 template <class T>
 std::vector<std::vector<int64_t>> model_expert_loads(const ModelContext<T>& ctx);
-// The last forward's main logits [tokens, vocab] and MTP logits [n_seq * (seq_len - 1), vocab].
+// The last forward's main logits [tokens, vocab] and MTP logits [n_seq * (seq_len - 1), vocab]
+// (with TrainOptions::all_logits; otherwise the rows that have a target, in order).
 template <class T>
 std::span<const T> model_logits(const ModelContext<T>& ctx);
 template <class T>

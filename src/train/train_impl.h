@@ -119,6 +119,30 @@ struct BlockContext {
   MoeContext<T> moe_ctx;
 };
 
+// The lm_head and its cross-entropy over the rows that have a target (all rows with
+// TrainOptions::all_logits): rows without one contribute nothing to the loss or any gradient.
+template <class T>
+struct HeadRows {
+  std::vector<int64_t> rows;       // the rows computed, ascending
+  std::vector<int32_t> targets;    // their targets (-1 for unscored rows with all_logits)
+  std::vector<T> h;                // [k, hidden] their final hidden states
+  std::vector<T> logits, dlogits;  // [k, vocab]
+  std::vector<T> dh;               // [k, hidden]
+};
+// Gathers the rows of h [n, hidden], computes their logits and returns the mean cross-entropy
+// over the scored ones.
+template <class T>
+double head_forward(const T* w, const T* h, std::span<const int32_t> targets, int64_t hidden, int64_t vocab,
+                    bool all_rows, HeadRows<T>& r);
+// dlogits (scaled by `scale` / number of scored rows) and the hidden-state gradient into
+// dh [n, hidden] (overwritten; zero on rows not computed).
+template <class T>
+void head_backward_input(const T* w, HeadRows<T>& r, int64_t n, int64_t hidden, int64_t vocab, double scale,
+                         T* dh);
+// Adds the lm_head's weight gradient (after head_backward_input).
+template <class T>
+void head_backward_weight(const HeadRows<T>& r, int64_t hidden, int64_t vocab, T* dw);
+
 template <class T>
 struct ModelContext {
   SeqShape shape;
@@ -128,7 +152,7 @@ struct ModelContext {
   std::vector<BlockContext<T>> blocks;  // main layers
   RmsNormContext<T> final_norm;
   std::vector<T> h;                // [n, hidden] final normed hidden
-  std::vector<T> logits, dlogits;  // [n, vocab]
+  HeadRows<T> head;                // lm_head over the scored rows
   std::vector<T> dx, dh;           // [n, hidden]
   // MTP module (depth 1): positions 0..S-2 of each sequence.
   bool mtp = false;
@@ -139,7 +163,7 @@ struct ModelContext {
   std::vector<T> mtp_cat;       // [nm, 2 * hidden]
   std::vector<T> mtp_x, mtp_h;  // [nm, hidden]
   BlockContext<T> mtp_block;
-  std::vector<T> mtp_logits, mtp_dlogits;  // [nm, vocab]
+  HeadRows<T> mtp_head;                    // the shared lm_head over the MTP's scored rows
   std::vector<T> mtp_dx, mtp_dcat, mtp_dtmp;
   StepLoss loss;
   bool has_forward = false;

@@ -383,7 +383,7 @@ TEST_F(TrainRun, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
   std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n), -1);
   for (auto& t : tokens) t = static_cast<int32_t>(4 + rng.below(64));
   tokens[0] = 1;
-  const TrainOptions opt{.round_latent_bf16 = true};
+  const TrainOptions opt{.round_latent_bf16 = true, .all_logits = true};
   auto ctx_m = make_model_context<float>(), ctx_e = make_model_context<float>();
   ASSERT_TRUE(model_forward(master, {1, n}, tokens, targets, opt, *ctx_m).ok());
   ASSERT_TRUE(model_forward(exported, {1, n}, tokens, targets, opt, *ctx_e).ok());
