@@ -196,15 +196,9 @@ Result<std::string> render_tools_prompt(std::span<const ToolDefinition> tools) {
     if (t.name.empty()) return invalid_argument("tools[{}]: the name is empty", i);
     const std::string params =
         TRY(compact_json(t.parameters_json, fmt::format("tools[{}] ('{}').parameters", i, t.name)));
-    // Format version 2 (docs/tokenizer.md): each tool's name comes after its description, in the
-    // exact tokens a call starts with (function<｜tool▁sep｜>NAME). A model picks a tool by
-    // matching the request against the descriptions; with the name right after that text and after
-    // the same tokens the model has just written when it must produce the name, producing it is one
-    // induction-style lookup: attend to what followed <｜tool▁sep｜> where the preceding description
-    // matches, and copy it. Fathom's own small model cannot learn the name-first layout of version 1.
-    out += fmt::format("\n### Tool {}\n", i + 1);
+    out += fmt::format("\n### {}\n", t.name);
     if (!t.description.empty()) out += fmt::format("Description: {}\n", t.description);
-    out += fmt::format("Call: function{}{}\nParameters: {}\n", kSep, t.name, params);
+    out += fmt::format("Parameters: {}\n", params);
   }
   out += fmt::format(
       "\nTo call tools, reply with:\n{}{}function{}TOOL_NAME\n```json\nARGUMENTS\n```{}{}\nwhere TOOL_NAME "

@@ -101,11 +101,11 @@ TEST(ChatTemplate, ToolsPromptIsStableAndValidatesSchemas) {
       {"ping", "", "{}"}};
   const std::string p = render_tools_prompt(tools).value();
   EXPECT_EQ(p, render_tools_prompt(tools).value());
-  EXPECT_NE(p.find("### Tool 1\nDescription: Weather now.\nCall: function<｜tool▁sep｜>get_weather\nParameters: "
+  EXPECT_NE(p.find("### get_weather\nDescription: Weather now.\nParameters: "
                    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}\n"),
             std::string::npos)
       << p;
-  EXPECT_NE(p.find("### Tool 2\nCall: function<｜tool▁sep｜>ping\nParameters: {}\n"), std::string::npos);
+  EXPECT_NE(p.find("### ping\nParameters: {}\n"), std::string::npos);
   tools[1].parameters_json = "{broken";
   auto bad = render_tools_prompt(tools);
   ASSERT_FALSE(bad.ok());

@@ -206,7 +206,7 @@ TEST(TokenizerReference, ToolDefinitionsRenderIntoTheSystemPrompt) {
   // Documented format (docs/tokenizer.md): stable for the same tools, JSON re-serialised compactly.
   EXPECT_NE(
       prompt->find(
-          "### Tool 1\nDescription: Current weather for a city.\nCall: function<｜tool▁sep｜>get_weather\nParameters: "
+          "### get_weather\nDescription: Current weather for a city.\nParameters: "
           "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}\n"),
       std::string::npos)
       << *prompt;
