@@ -34,4 +34,15 @@ for _ in $(seq 1 120); do
   curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
   sleep 1
 done
+echo "== held-out tool use, names decoded constrained to the offered tools (the server's default)"
+"$fathom" eval tools --url "http://127.0.0.1:$port/v1" --set "$work/data/heldout_tools.jsonl"
+kill $server
+wait $server 2>/dev/null || true
+"$fathom" serve --model "$out" --port "$port" --served-model-name "$(basename "$out")" --no-tool-name-constraint &
+server=$!
+for _ in $(seq 1 120); do
+  curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+  sleep 1
+done
+echo "== held-out tool use, the model unaided (--no-tool-name-constraint)"
 "$fathom" eval tools --url "http://127.0.0.1:$port/v1" --set "$work/data/heldout_tools.jsonl"

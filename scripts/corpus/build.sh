@@ -3,7 +3,9 @@
 #   scripts/corpus/build.sh OUT_DIR [--seed N]
 # Environment: FATHOM (the binary; default build/bin/fathom), CONVERSATIONS (generated chats,
 # default 36000), DOCS_MB (Debian documentation text, default 18), VOCAB (default 8192),
-# HELDOUT (held-out tool requests, default 400).
+# HELDOUT (held-out tool requests, default 400), GEN_ARGS (extra gen_chat.py options: the
+# recipe, e.g. "--fresh-names 0.9 --fresh-words --copy-drills 0.12 --parallel-calls 0.15"),
+# LOSS_MASK=1 (also write train.mask / val.mask, docs/MODEL.md).
 # Writes OUT_DIR/{meta.json,train.bin,val.bin,tokenizer.json,tokenizer_config.json,
 # heldout_tools.jsonl,sources.tsv,split.json,unigram.json}; intermediate files go to OUT_DIR/work.
 # Idempotent: a rerun rewrites every output with the same bytes.
@@ -35,7 +37,9 @@ work="$out/work"
 step() { echo "[corpus $(date -u +%H:%M:%S)] $*" >&2; }
 
 step "generating $conversations conversations and $heldout held-out requests (seed $seed)"
-python3 "$here/gen_chat.py" --out "$work" --seed "$seed" --conversations "$conversations" --heldout "$heldout"
+# shellcheck disable=SC2086  # GEN_ARGS is a list of options
+python3 "$here/gen_chat.py" --out "$work" --seed "$seed" --conversations "$conversations" --heldout "$heldout" \
+  ${GEN_ARGS:-}
 step "gathering ${docs_mb} MB of Debian documentation"
 python3 "$here/gather_docs.py" --out "$work/docs.jsonl" --max-mb "$docs_mb"
 step "rendering text for tokenizer training"
@@ -43,7 +47,9 @@ step "rendering text for tokenizer training"
 step "training the tokenizer (vocabulary $vocab)"
 "$fathom" tokenizer train --vocab-size "$vocab" --out "$out/tokenizer.json" "$work/tokenizer_train.txt"
 step "tokenizing into $out/train.bin and val.bin"
-"$fathom" corpus tokenize --tokenizer "$out" --out "$out" --seed "$seed" --val-fraction 0.015 \
+mask_flag=()
+[[ "${LOSS_MASK:-0}" == 1 ]] && mask_flag=(--loss-mask)
+"$fathom" corpus tokenize --tokenizer "$out" --out "$out" --seed "$seed" --val-fraction 0.015 "${mask_flag[@]}" \
   "$work/docs.jsonl" "$work/chat.jsonl"
 cp "$work/heldout_tools.jsonl" "$out/heldout_tools.jsonl"
 cp "$work/split.json" "$out/split.json"

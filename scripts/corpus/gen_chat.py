@@ -115,13 +115,12 @@ def confusable(a, b):
 
 
 # Share of training conversations whose tools get fresh made-up names instead of names from the
-# concept's verb x noun list. With only the list, ~40 names per concept each recur dozens of times
-# and a small model memorises them and calls a remembered name (measured: 0% right on the held-out
-# set at 2.7M tokens, every reply a well-formed call to a training name); at 60% fresh names it
-# still did not copy (0% at 5.7M tokens). A name nobody has seen before can only be copied from the
-# tool list in the prompt, which is what held-out tools need; the list names that remain keep
-# ordinary concept words in the distribution of names the model copies.
-FRESH_NAMES = 0.9
+# concept's verb x noun list (--fresh-names). With only the list, ~40 names per concept each recur
+# dozens of times and a small model memorises them and calls a remembered name (measured: 0% right
+# on the held-out set at 2.7M tokens, every reply a well-formed call to a training name). A name
+# nobody has seen before can only be copied from the tool list in the prompt, which is what
+# held-out tools need. docs/MODEL.md has what each recipe measured.
+FRESH_NAMES = 0.6
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 REAL_WORDS = {w for c in CONCEPTS for w in c["verbs"] + [p for n in c["nouns"] for p in n.split("_")]}
 # English words no concept uses: fresh names made of them look like real names without naming the
@@ -143,16 +142,20 @@ def pseudo_word(r):
             return w
 
 
-def fresh_name(r, taken=frozenset()):
-    """2-3 parts in one of the three styles; each part a pseudo-word (50%), a neutral English word
-    (35%) or a word of any concept (15%, so a concept word in a name is not a hint). Never a list
-    name (`taken`), so no held-out name can occur in training."""
+def fresh_name(r, taken=frozenset(), words=False):
+    """2-3 parts in one of the three styles. Without `words` every part is a pseudo-word (the
+    default recipe); with it, a pseudo-word (50%), a neutral English word (35%) or a word of any
+    concept (15%, so a concept word in a name is no hint). Never a list name (`taken`), so no
+    held-out name can occur in training."""
     while True:
-        parts = []
-        for _ in range(r.randint(2, 3)):
-            u = r.random()
-            parts.append(pseudo_word(r) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.85
-                         else r.choice(sorted(REAL_WORDS)))
+        if not words:
+            parts = [pseudo_word(r) for _ in range(r.randint(2, 3))]
+        else:
+            parts = []
+            for _ in range(r.randint(2, 3)):
+                u = r.random()
+                parts.append(pseudo_word(r) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.85
+                             else r.choice(sorted(REAL_WORDS)))
         style = r.choice(("snake", "camel", "kebab"))
         if style == "snake":
             name = "_".join(parts)
@@ -162,6 +165,10 @@ def fresh_name(r, taken=frozenset()):
             name = "-".join(parts)
         if name not in taken:
             return name
+
+
+# The recipe's knobs (set from the command line in main()).
+RECIPE = {"fresh_names": FRESH_NAMES, "fresh_words": False}
 
 
 _LIST_NAMES = {}
@@ -178,7 +185,8 @@ def all_list_names(names):
 def pick_tools(c, names, r, n_other, side, fresh=False):
     """The right tool plus n_other distractors from other concepts, shuffled; fresh: made-up names."""
     taken = all_list_names(names)
-    pick = (lambda key: fresh_name(r, taken)) if fresh else (lambda key: r.choice(names[key][side]))
+    pick = ((lambda key: fresh_name(r, taken, RECIPE["fresh_words"])) if fresh
+            else (lambda key: r.choice(names[key][side])))
     name = pick(c["key"])
     others = r.sample([o for o in CONCEPTS if o["key"] != c["key"] and not confusable(c, o)], n_other)
     tools = [(c, name)] + [(o, pick(o["key"])) for o in others]
@@ -219,7 +227,7 @@ def tool_conversation(names, r, n):
     once the tool result is back, then the answer). DeepSeek-V3's template renders a second tool
     round irregularly (docs/tokenizer.md), so follow-ups are plain chat only."""
     c = r.choice(CONCEPTS)
-    name, tools = pick_tools(c, names, r, r.randint(0, 3), 0, fresh=r.random() < FRESH_NAMES)
+    name, tools = pick_tools(c, names, r, r.randint(0, 3), 0, fresh=r.random() < RECIPE["fresh_names"])
     msgs = system_messages(r) + tool_turn(c, name, r, n)
     call = {"messages": msgs[:-2], "tools": tools, "render": "tool_call_completion"}
     # Both documents continue the same prefix after <｜tool▁call▁end｜>: (a) with the calls closed,
@@ -237,7 +245,7 @@ def multi_call_conversation(names, r, n):
     """Parallel calls: 2-4 tools offered, the user asks for two or three of them in one turn, and the
     reply is one call per request in the order asked (the call document only). Each call is another
     pick-and-copy of an offered name at the cost of one prompt."""
-    fresh = r.random() < FRESH_NAMES
+    fresh = r.random() < RECIPE["fresh_names"]
     taken = all_list_names(names)
     picked = []
     for c in r.sample(CONCEPTS, len(CONCEPTS)):
@@ -247,7 +255,7 @@ def multi_call_conversation(names, r, n):
             break
     n_tools = r.randint(2, 4)
     offered = picked[:n_tools]
-    tool_names = [fresh_name(r, taken) if fresh else r.choice(names[c["key"]][0]) for c in offered]
+    tool_names = [fresh_name(r, taken, RECIPE["fresh_words"]) if fresh else r.choice(names[c["key"]][0]) for c in offered]
     order = r.sample(range(n_tools), r.randint(2, min(3, n_tools)))
     texts, calls = [], []
     for k, i in enumerate(order):
@@ -276,7 +284,7 @@ def copy_drill(names, r):
     items = []
     for _ in range(r.randint(12, 40)):
         u = r.random()
-        items.append(fresh_name(r, taken) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.7
+        items.append(fresh_name(r, taken, True) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.7
                      else pseudo_word(r) if u < 0.9 else str(r.randint(0, 9999)))
     line = " ".join(items)
     return {"text": line + "\n" + line + "\n"}
@@ -284,7 +292,7 @@ def copy_drill(names, r):
 
 def no_tool_conversation(names, r):
     c = r.choice(CONCEPTS)
-    _, tools = pick_tools(c, names, r, r.randint(0, 2), 0, fresh=r.random() < FRESH_NAMES)
+    _, tools = pick_tools(c, names, r, r.randint(0, 2), 0, fresh=r.random() < RECIPE["fresh_names"])
     return {"messages": system_messages(r) + no_tool_request(r), "tools": tools}
 
 
@@ -302,22 +310,37 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--conversations", type=int, default=60000)
     ap.add_argument("--heldout", type=int, default=400)
+    ap.add_argument("--fresh-names", type=float, default=FRESH_NAMES,
+                    help="share of tool conversations whose tools get made-up names")
+    ap.add_argument("--fresh-words", action="store_true",
+                    help="made-up names mix English words into the pseudo-words")
+    ap.add_argument("--copy-drills", type=float, default=0.0, help="share of lines that are copy drills")
+    ap.add_argument("--parallel-calls", type=float, default=0.0,
+                    help="share of lines that are parallel-call requests")
+    ap.add_argument("--no-tool-share", type=float, default=0.15, help="share of tools-offered, no-call chats")
+    ap.add_argument("--plain-share", type=float, default=0.13, help="share of chats without tools")
     a = ap.parse_args()
+    RECIPE["fresh_names"], RECIPE["fresh_words"] = a.fresh_names, a.fresh_words
+    tool_share = 1.0 - a.copy_drills - a.parallel_calls - a.no_tool_share - a.plain_share
+    if not 0 < tool_share <= 1 or min(a.copy_drills, a.parallel_calls, a.no_tool_share, a.plain_share) < 0:
+        raise SystemExit(f"shares must be non-negative and leave a positive tool-use share, not {tool_share:.3f}")
     names = build_names()
     r = random.Random(a.seed)
     with open(f"{a.out}/chat.jsonl", "w", encoding="utf-8") as f:
         for i in range(a.conversations):
             u = r.random()
-            if u < 0.12:
-                docs = [copy_drill(names, r)]
-            elif u < 0.27:
-                docs = [multi_call_conversation(names, r, i)]
-            elif u < 0.8:
+            # tool use, no tool needed, plain chat, then the optional kinds: with the optional
+            # kinds at 0 the draws are those of the default recipe.
+            if u < tool_share:
                 docs = tool_conversation(names, r, i)
-            elif u < 0.9:
+            elif u < tool_share + a.no_tool_share:
                 docs = [no_tool_conversation(names, r)]
-            else:
+            elif u < tool_share + a.no_tool_share + a.plain_share:
                 docs = [{"messages": system_messages(r) + plain_chat(r)}]
+            elif u < tool_share + a.no_tool_share + a.plain_share + a.copy_drills:
+                docs = [copy_drill(names, r)]
+            else:
+                docs = [multi_call_conversation(names, r, i)]
             for d in docs:
                 f.write(json.dumps(d, ensure_ascii=False) + "\n")
     hr = random.Random(a.seed * 7919 + 17)

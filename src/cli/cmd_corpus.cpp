@@ -86,6 +86,7 @@ struct TokenizeOptions {
   std::string out;
   double val_fraction = 0.015;
   int64_t seed = 0;
+  bool loss_mask = false;
   bool json = false;
   std::vector<std::string> inputs;
 };
@@ -99,7 +100,8 @@ Status tokenize(const TokenizeOptions& o) {
   const auto r = TRY(eval::tokenize_corpus(*tok, {.inputs = o.inputs,
                                                   .out_dir = o.out,
                                                   .val_fraction = o.val_fraction,
-                                                  .seed = static_cast<uint64_t>(o.seed)}));
+                                                  .seed = static_cast<uint64_t>(o.seed),
+                                                  .loss_mask = o.loss_mask}));
   const double s = t.elapsed_s();
   nlohmann::json j = r.meta;
   j["seconds"] = s;
@@ -128,6 +130,8 @@ int run_tokenize(int argc, char** argv) {
   args.option("--out", &o.out, "directory for train.bin, val.bin, meta.json", "DIR");
   args.option("--val-fraction", &o.val_fraction, "share of documents held out in val.bin");
   args.option("--seed", &o.seed, "seed of the train/val split hash");
+  args.flag("--loss-mask", &o.loss_mask,
+            "also write train.mask / val.mask: chats score only what the assistant writes");
   args.flag("--json", &o.json, "print one JSON object (meta.json plus timings)");
   args.rest("IN.jsonl", &o.inputs, "JSONL documents: {\"text\"} or {\"messages\",\"tools\"}");
   args.epilog(

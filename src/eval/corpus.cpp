@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -201,19 +202,22 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
   if (r.n_train_docs == 0) return invalid_argument("no documents went to train.bin (empty inputs?)");
   TRY(write_bin(p.out_dir + "/train.bin", train));
   TRY(write_bin(p.out_dir + "/val.bin", val));
-  TRY(write_file_atomic(p.out_dir + "/train.mask",
-                        std::string_view(reinterpret_cast<const char*>(train_mask.data()), train_mask.size())));
-  TRY(write_file_atomic(p.out_dir + "/val.mask",
-                        std::string_view(reinterpret_cast<const char*>(val_mask.data()), val_mask.size())));
+  if (p.loss_mask) {
+    TRY(write_file_atomic(p.out_dir + "/train.mask",
+                          std::string_view(reinterpret_cast<const char*>(train_mask.data()), train_mask.size())));
+    TRY(write_file_atomic(p.out_dir + "/val.mask",
+                          std::string_view(reinterpret_cast<const char*>(val_mask.data()), val_mask.size())));
+  } else {
+    std::error_code ec;  // a mask from an earlier build would not match these tokens
+    std::filesystem::remove(p.out_dir + "/train.mask", ec);
+    std::filesystem::remove(p.out_dir + "/val.mask", ec);
+  }
   r.meta = {{"format", "fathom-tokens-v1"},
             {"vocab_size", tok.vocab_size()},
             {"bos_id", tok.bos_id()},
             {"eos_id", tok.eos_id()},
             {"n_train_tokens", r.n_train_tokens},
             {"n_val_tokens", r.n_val_tokens},
-            {"loss_mask", "uint8"},
-            {"n_train_targets", r.n_train_targets},
-            {"n_val_targets", r.n_val_targets},
             {"n_train_docs", r.n_train_docs},
             {"n_val_docs", r.n_val_docs},
             {"n_chat_tokens", r.n_chat_tokens},
@@ -221,6 +225,11 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
             {"val_fraction", p.val_fraction},
             {"split_seed", p.seed},
             {"dtype", "uint32-le"}};
+  if (p.loss_mask) {
+    r.meta["loss_mask"] = "uint8";
+    r.meta["n_train_targets"] = r.n_train_targets;
+    r.meta["n_val_targets"] = r.n_val_targets;
+  }
   TRY(write_file_atomic(p.out_dir + "/meta.json", r.meta.dump(1) + "\n"));
   return r;
 }

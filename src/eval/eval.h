@@ -66,6 +66,7 @@ struct TokenizeCorpusParams {
   std::string out_dir;              // gets train.bin, val.bin, meta.json
   double val_fraction = 0.015;      // share of documents (by a hash of their text) in val.bin
   uint64_t seed = 0;                // the split hash's seed
+  bool loss_mask = false;           // also write train.mask / val.mask (loss_mask() per document)
 };
 
 struct TokenizeCorpusResult {
@@ -78,10 +79,11 @@ struct TokenizeCorpusResult {
   nlohmann::json meta;  // what meta.json holds
 };
 
-// Writes OUT/train.bin, OUT/val.bin (uint32 LE ids; every document starts with bos_id),
-// OUT/train.mask, OUT/val.mask (loss_mask's bytes, one per token) and OUT/meta.json
-// {"format":"fathom-tokens-v1","vocab_size","bos_id","eos_id","n_train_tokens","n_val_tokens",
-// "loss_mask":"uint8","n_train_targets","n_val_targets", ...}. A document goes to val when a seeded hash of its text falls below
+// Writes OUT/train.bin, OUT/val.bin (uint32 LE ids; every document starts with bos_id), with
+// params.loss_mask OUT/train.mask, OUT/val.mask (loss_mask's bytes, one per token), and
+// OUT/meta.json {"format":"fathom-tokens-v1","vocab_size","bos_id","eos_id","n_train_tokens",
+// "n_val_tokens", ...; with masks "loss_mask":"uint8","n_train_targets","n_val_targets"}. Without
+// masks stale mask files in OUT are removed. A document goes to val when a seeded hash of its text falls below
 // val_fraction, so identical documents never straddle the split. Deterministic.
 Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const TokenizeCorpusParams& params);
 

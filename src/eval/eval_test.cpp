@@ -272,10 +272,12 @@ TEST(Corpus, TokenizeWritesBosStartedDocumentsDeterministically) {
         "\n";
   }
   ASSERT_TRUE(write_file_atomic(dir + "/in.jsonl", jsonl).ok());
-  auto r1 = tokenize_corpus(builtin(), {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1});
+  auto r1 = tokenize_corpus(builtin(),
+                            {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1, .loss_mask = true});
   ASSERT_TRUE(r1.ok()) << r1.status().message();
   const std::string train1 = *read_file(dir + "/train.bin"), val1 = *read_file(dir + "/val.bin");
-  auto r2 = tokenize_corpus(builtin(), {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1});
+  auto r2 = tokenize_corpus(builtin(),
+                            {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1, .loss_mask = true});
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(train1, *read_file(dir + "/train.bin"));
   EXPECT_EQ(val1, *read_file(dir + "/val.bin"));
@@ -308,6 +310,11 @@ TEST(Corpus, TokenizeWritesBosStartedDocumentsDeterministically) {
   auto bad_mask = read_mask(dir + "/bad.mask", 3);
   ASSERT_FALSE(bad_mask.ok());
   EXPECT_NE(bad_mask.status().message().find("byte 2 is 2"), std::string::npos);
+  // Without --loss-mask: no mask files (stale ones removed), no mask fields.
+  auto r3 = tokenize_corpus(builtin(), {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1});
+  ASSERT_TRUE(r3.ok());
+  EXPECT_FALSE(path_exists(dir + "/train.mask"));
+  EXPECT_FALSE(json::parse(*read_file(dir + "/meta.json")).contains("loss_mask"));
   // A truncated .bin is an error naming it.
   ASSERT_TRUE(write_file_atomic(dir + "/bad.bin", "abcdef").ok());
   auto bad = read_token_bin(dir + "/bad.bin", 10);
