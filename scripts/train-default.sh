@@ -27,22 +27,21 @@ rm -rf "$out"
 cp "$work/run/loss.svg" docs/model-loss.svg
 
 "$fathom" eval unigram --data "$work/data"
-"$fathom" serve --model "$out" --port "$port" --served-model-name "$(basename "$out")" &
-server=$!
+# serve [OPTIONS...]: the exported model on $port, in the background ($server), once it answers.
+serve() {
+  "$fathom" serve --model "$out" --port "$port" --served-model-name "$(basename "$out")" "$@" &
+  server=$!
+  for _ in $(seq 1 120); do
+    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+    sleep 1
+  done
+}
+serve
 trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
-  sleep 1
-done
 echo "== held-out tool use, names decoded constrained to the offered tools (the server's default)"
 "$fathom" eval tools --url "http://127.0.0.1:$port/v1" --set "$work/data/heldout_tools.jsonl"
 kill $server
 wait $server 2>/dev/null || true
-"$fathom" serve --model "$out" --port "$port" --served-model-name "$(basename "$out")" --no-tool-name-constraint &
-server=$!
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
-  sleep 1
-done
+serve --no-tool-name-constraint
 echo "== held-out tool use, the model unaided (--no-tool-name-constraint)"
 "$fathom" eval tools --url "http://127.0.0.1:$port/v1" --set "$work/data/heldout_tools.jsonl"

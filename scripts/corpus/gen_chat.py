@@ -24,13 +24,16 @@ def stable_hash(s):
     return int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
 
 
-def style_name(verb, noun, style):
-    parts = [verb] + noun.split("_")
+def join_style(parts, style):
     if style == "snake":
         return "_".join(parts)
     if style == "camel":
         return parts[0] + "".join(p.capitalize() for p in parts[1:])
     return "-".join(parts)  # kebab
+
+
+def style_name(verb, noun, style):
+    return join_style([verb] + noun.split("_"), style)
 
 
 def build_names():
@@ -156,13 +159,7 @@ def fresh_name(r, taken=frozenset(), words=False):
                 u = r.random()
                 parts.append(pseudo_word(r) if u < 0.5 else r.choice(NEUTRAL_WORDS) if u < 0.85
                              else r.choice(sorted(REAL_WORDS)))
-        style = r.choice(("snake", "camel", "kebab"))
-        if style == "snake":
-            name = "_".join(parts)
-        elif style == "camel":
-            name = parts[0] + "".join(p.capitalize() for p in parts[1:])
-        else:
-            name = "-".join(parts)
+        name = join_style(parts, r.choice(("snake", "camel", "kebab")))
         if name not in taken:
             return name
 

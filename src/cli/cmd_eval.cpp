@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/command.h"
 #include "eval/eval.h"
+#include "train/trainer.h"
 
 namespace fathom::cli {
 namespace {
@@ -94,24 +95,14 @@ int run_tools(int argc, char** argv) {
 
 Status unigram(const std::string& dir, bool json) {
   if (dir.empty()) return invalid_argument("--data DIR is required (holding meta.json, train.bin, val.bin)");
-  const std::string meta_text = TRY(read_file(dir + "/meta.json"));
-  const auto meta = nlohmann::json::parse(meta_text, nullptr, false);
-  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != "fathom-tokens-v1" ||
-      !meta.contains("vocab_size") || !meta["vocab_size"].is_number_integer())
-    return invalid_argument("{}/meta.json: expected {{\"format\":\"fathom-tokens-v1\",\"vocab_size\":N,...}}",
-                            dir);
-  const int64_t vocab = meta["vocab_size"].get<int64_t>();
-  const auto train = TRY(eval::read_token_bin(dir + "/train.bin", vocab));
-  const auto val = TRY(eval::read_token_bin(dir + "/val.bin", vocab));
+  // The trainer's loader: the same validation of meta.json, token ids and loss masks.
+  const train::TokenData d = TRY(train::load_token_data(dir, 1));
+  const int64_t vocab = d.meta.vocab_size;
+  const std::vector<uint32_t> train(d.train.begin(), d.train.end()), val(d.val.begin(), d.val.end());
   // With loss masks the baseline counts the tokens the trainer scores (its validation loss is over
   // those); the all-token figure is printed beside it.
-  const bool masked = meta.contains("loss_mask");
-  std::vector<uint8_t> train_mask, val_mask;
-  if (masked) {
-    train_mask = TRY(eval::read_mask(dir + "/train.mask", static_cast<int64_t>(train.size())));
-    val_mask = TRY(eval::read_mask(dir + "/val.mask", static_cast<int64_t>(val.size())));
-  }
-  const auto r = TRY(eval::unigram_baseline(train, val, vocab, train_mask, val_mask));
+  const bool masked = d.meta.loss_mask;
+  const auto r = TRY(eval::unigram_baseline(train, val, vocab, d.train_mask, d.val_mask));
   const auto all = TRY(eval::unigram_baseline(train, val, vocab));
   if (json) {
     print_json_line(nlohmann::json({{"unigram_nats", r.cross_entropy_nats},

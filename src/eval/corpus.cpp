@@ -248,17 +248,4 @@ Result<std::vector<uint32_t>> read_token_bin(const std::string& path, int64_t vo
   return ids;
 }
 
-Result<std::vector<uint8_t>> read_mask(const std::string& path, int64_t n_tokens) {
-  auto file = TRY(MappedFile::open(path));
-  if (static_cast<int64_t>(file->size()) != n_tokens)
-    return invalid_argument("{}: {} bytes, but its token file holds {} tokens (one byte per token)", path,
-                            file->size(), n_tokens);
-  std::vector<uint8_t> mask(file->size());
-  if (!mask.empty()) std::memcpy(mask.data(), file->data(), file->size());
-  for (size_t i = 0; i < mask.size(); ++i) {
-    if (mask[i] > 1) return invalid_argument("{}: byte {} is {}, a mask byte is 0 or 1", path, i, mask[i]);
-  }
-  return mask;
-}
-
 }  // namespace fathom::eval

@@ -103,8 +103,7 @@ struct UnigramResult {
 Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::span<const uint32_t> val,
                                        int64_t vocab_size, std::span<const uint8_t> train_mask = {},
                                        std::span<const uint8_t> val_mask = {});
-// Reads a .mask file of one byte per token, each 0 or 1; `n_tokens` is its .bin's length.
-Result<std::vector<uint8_t>> read_mask(const std::string& path, int64_t n_tokens);
+
 
 // ---- Tool-use evaluation ------------------------------------------------------------------------
 

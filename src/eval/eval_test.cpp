@@ -297,19 +297,14 @@ TEST(Corpus, TokenizeWritesBosStartedDocumentsDeterministically) {
   EXPECT_EQ(meta["n_val_tokens"], r1->n_val_tokens);
   // The masks: one byte per token, their counts in meta.json; a wrong-sized or non-0/1 mask is refused.
   EXPECT_EQ(meta["loss_mask"], "uint8");
-  auto train_mask = read_mask(dir + "/train.mask", r1->n_train_tokens);
-  ASSERT_TRUE(train_mask.ok()) << train_mask.status().message();
-  EXPECT_EQ(std::count(train_mask->begin(), train_mask->end(), uint8_t{1}), r1->n_train_targets);
+  // (Mask files are read and refused when malformed by the trainer's loader: trainer_test.cpp.)
+  const std::string train_mask = *read_file(dir + "/train.mask");
+  EXPECT_EQ(static_cast<int64_t>(train_mask.size()), r1->n_train_tokens);
+  EXPECT_EQ(std::count(train_mask.begin(), train_mask.end(), '\1'), r1->n_train_targets);
+  EXPECT_EQ(std::count(train_mask.begin(), train_mask.end(), '\0') + r1->n_train_targets, r1->n_train_tokens);
   EXPECT_EQ(meta["n_train_targets"], r1->n_train_targets);
   EXPECT_GT(r1->n_train_targets, 0);
   EXPECT_LT(r1->n_train_targets, r1->n_train_tokens);
-  auto short_mask = read_mask(dir + "/train.mask", r1->n_train_tokens + 1);
-  ASSERT_FALSE(short_mask.ok());
-  EXPECT_NE(short_mask.status().message().find("one byte per token"), std::string::npos);
-  ASSERT_TRUE(write_file_atomic(dir + "/bad.mask", std::string("\x01\x00\x02", 3)).ok());
-  auto bad_mask = read_mask(dir + "/bad.mask", 3);
-  ASSERT_FALSE(bad_mask.ok());
-  EXPECT_NE(bad_mask.status().message().find("byte 2 is 2"), std::string::npos);
   // Without --loss-mask: no mask files (stale ones removed), no mask fields.
   auto r3 = tokenize_corpus(builtin(), {.inputs = {dir + "/in.jsonl"}, .out_dir = dir, .val_fraction = 0.1});
   ASSERT_TRUE(r3.ok());

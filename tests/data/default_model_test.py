@@ -8,10 +8,7 @@ a greeting gets a short answer. A change to the chat template, tokenizer, engine
 breaks what the model learned fails here. docs/MODEL.md has the full-set figures."""
 import json
 import os
-import re
-import subprocess
 import sys
-import threading
 import urllib.request
 
 BIN = os.environ["FATHOM_BIN"]
@@ -22,32 +19,15 @@ MIN_RIGHT = 0.6   # measured 0.767 on these 60 (0.662 on the 400 of docs/MODEL.m
 MIN_CALLS = 0.9
 
 sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util  # noqa: E402
 import random  # noqa: E402
 
 from gen_chat import build_names, heldout_request  # noqa: E402
 
 
 def start_server(*extra):
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--served-model-name", "m",
-                          "--kv-cache-gb", "0.0625", "--max-context", "4096", *extra], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, FATHOM_THREADS="2"))
-    found = {}
-
-    def read():
-        for line in p.stdout:
-            m = re.search(r"listening on (http://\S+)", line)
-            if m and "url" not in found:
-                found["url"] = m.group(1)
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    for _ in range(1200):
-        if "url" in found or p.poll() is not None:
-            break
-        t.join(0.1)
-    if "url" not in found:
-        p.kill()
-        raise SystemExit("server did not start")
-    return p, found["url"]
+    return serve_util.start_server(BIN, MODEL, "--served-model-name", "m", *extra)
 
 
 def chat(url, body):

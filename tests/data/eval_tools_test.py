@@ -5,14 +5,14 @@ plain answers must be counted exactly, so a scorer that is wrong fails here. The
 comes from the corpus generator (scripts/corpus/gen_chat.py)."""
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 BIN = os.environ["FATHOM_BIN"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util  # noqa: E402
 SRC = os.environ["FATHOM_SOURCE_DIR"]
 
 
@@ -70,26 +70,7 @@ def corpus_replies(tmp):
 
 
 def start_server(model_dir, outputs_file):
-    p = subprocess.Popen([BIN, "serve", "--model", model_dir, "--port", "0", "--test-outputs", outputs_file,
-                          "--kv-cache-gb", "0.0625", "--max-context", "4096"], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, FATHOM_THREADS="2"))
-    found = {}
-
-    def read():
-        for line in p.stdout:
-            m = re.search(r"listening on (http://\S+)", line)
-            if m and "url" not in found:
-                found["url"] = m.group(1)
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    for _ in range(1200):
-        if "url" in found or p.poll() is not None:
-            break
-        t.join(0.1)
-    if "url" not in found:
-        p.kill()
-        raise SystemExit("server did not start")
-    return p, found["url"]
+    return serve_util.start_server(BIN, model_dir, "--test-outputs", outputs_file)
 
 
 def eval_tools(url, heldout, *extra):
