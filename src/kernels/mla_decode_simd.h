@@ -180,11 +180,24 @@ struct MlaTiler {
   }
 };
 
-// Tokens of the current page as the GEMMs read them.
+// Tokens of the current page as the GEMMs read them. When the GEMMs read the page in place,
+// `next` is the segment's next page (same row stride), for QK to prefetch a slice of it with each
+// slice it reads: a page read only once streams from DRAM, and rows of ~1 KiB, 64 at a time in
+// a random page order, are too short for the hardware prefetcher to run ahead of the FMAs.
 struct MlaRows {
   const uint8_t* ptr = nullptr;
   int64_t stride = 0;  // bytes between tokens
+  const uint8_t* next = nullptr;
 };
+
+// Prefetches the bytes of token t of `next_page` (rows of `row_bytes`) while token t of the
+// current page is converted; no-op for a null page.
+inline void mla_prefetch_row(const uint8_t* next_page, int t, int64_t row_bytes) {
+  if (next_page == nullptr) return;
+  const uint8_t* row = next_page + t * row_bytes;
+  for (int64_t b = 0; b < row_bytes; b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T0);
+}
 
 // One page of online softmax over S (scores [nt][sstride], lanes = rows) in place: S becomes
 // P = 2^(c*s - m_new) (0 for hidden keys), and m, l, alpha are updated per row. With kRoundP, P is
@@ -255,7 +268,11 @@ void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
     const int nt = static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
     if (nt <= 0) break;
     const int64_t id = p.block_table[a.seq * p.max_pages + page];
-    const MlaRows k = Isa::load_page(f, p.cache.data + id * p.cache.page_stride_bytes, nt, s);
+    const uint8_t* next = nullptr;
+    if (page + 1 < a.page_end && (page + 1) * T < std::min(L, lim_max + 1)) {
+      next = p.cache.data + p.block_table[a.seq * p.max_pages + page + 1] * p.cache.page_stride_bytes;
+    }
+    const MlaRows k = Isa::load_page(f, p.cache.data + id * p.cache.page_stride_bytes, nt, s, next);
     Isa::qk(k, nt, rb_count, D, sstride, s);
     mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
     Isa::pv(k, nt, R, dl, sstride, s);
@@ -285,13 +302,15 @@ void mla_f32_pack_q(const float* q, int R, int D, MlaScratch& s) {
 
 // The page as f32 [nt][D] in s.k: bf16 widened, fp8 dequantised (exact in both cases).
 template <class V>
-MlaRows mla_f32_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
+MlaRows mla_f32_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
+                          const uint8_t* next) {
   constexpr int W = V::kLanes;
   const int D = f.d_qk(), dl = f.d_latent;
   float* kf = reinterpret_cast<float*>(s.k);
   for (int t = 0; t < nt; ++t) {
     const uint8_t* src = page + t * f.token_bytes();
     float* dst = kf + int64_t{t} * D;
+    mla_prefetch_row(next, t, f.token_bytes());
     if (f.dtype == MlaKvDType::kBF16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
       int d = 0;
@@ -415,8 +434,9 @@ struct MlaF32Isa {
   static void finish_row(const float* o, float inv, int dl, float* out) {
     for (int j = 0; j < dl; j += V::kLanes) V::store(out + j, V::mul(V::load(o + j), V::set1(inv)));
   }
-  static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s) {
-    return mla_f32_load_page<V>(f, page, nt, s);
+  static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
+                           const uint8_t* next) {
+    return mla_f32_load_page<V>(f, page, nt, s, next);
   }
   static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
     const typename K::QkCtx ctx{reinterpret_cast<const float*>(k.ptr), s.q, s.s, D, sstride};
