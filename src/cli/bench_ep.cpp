@@ -137,6 +137,7 @@ Status run_normal(Setup& s, ep::EpGroup& g, ep::AlltoallvBaseline& base, Samples
   for (int it = 0; it < total; ++it) {
     ep::DispatchOutput out;
     quiet_barrier();
+    MPI_Barrier(MPI_COMM_WORLD);  // the quiet barrier lets ranks go up to its sleep apart: start together
     Timer t0;
     TRY(g.dispatch(s.input(), &h, &out));
     const double d = t0.elapsed_s();
@@ -192,6 +193,7 @@ Status run_low_latency(Setup& s, ep::EpGroup& g, ep::AlltoallvBaseline& base, Sa
   for (int it = 0; it < total; ++it) {
     ep::LowLatencyOutput out, ref;
     quiet_barrier();
+    MPI_Barrier(MPI_COMM_WORLD);  // the quiet barrier lets ranks go up to its sleep apart: start together
     Timer t0;
     TRY(g.ll_dispatch_send(s.input()));
     const double d_send = t0.elapsed_s();

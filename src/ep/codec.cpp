@@ -137,6 +137,16 @@ void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
   }
 }
 
+void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_t bytes) {
+  bool aligned = use_avx512() && bytes >= 1024;
+  for (int i = 0; i < n && aligned; ++i) aligned = (reinterpret_cast<uintptr_t>(dsts[i]) & 63) == 0;
+  if (aligned) {
+    copy_row_stream_multi_avx512(dsts, n, src, bytes);
+  } else {
+    for (int i = 0; i < n; ++i) std::memcpy(dsts[i], src, bytes);
+  }
+}
+
 void sum_rows(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {
   use_avx512() ? sum_rows_avx512(out, rows, n, f, count, stream) : sum_rows_ref(out, rows, n, f, count);
 }

@@ -145,6 +145,27 @@ void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes) {
   if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
 }
 
+void copy_row_stream_multi_avx512(uint8_t* const* dsts, int n, const void* src, uint64_t bytes) {
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  uint64_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    const __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64);
+    const __m512i c = _mm512_loadu_si512(s + i + 128), e = _mm512_loadu_si512(s + i + 192);
+    for (int k = 0; k < n; ++k) {
+      uint8_t* d = dsts[k] + i;
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d), a);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 64), b);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 128), c);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 192), e);
+    }
+  }
+  for (; i + 64 <= bytes; i += 64) {
+    const __m512i a = _mm512_loadu_si512(s + i);
+    for (int k = 0; k < n; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dsts[k] + i), a);
+  }
+  for (int k = 0; k < n && i < bytes; ++k) std::memcpy(dsts[k] + i, s + i, bytes - i);
+}
+
 void sum_rows_avx512(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {
   stream = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
   for (int64_t i = 0; i < count; i += 16) {

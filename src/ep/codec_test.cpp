@@ -186,6 +186,38 @@ TEST(EpCodec, StreamingRowCopyCopiesEveryByteAtAnyAlignmentAndSize) {
   }
 }
 
+TEST(EpCodec, MultiDestinationStreamingCopyWritesEveryDestinationExactly) {
+  Rng rng(print_seed("stream copy multi"));
+  std::vector<uint8_t> src(20000);
+  for (auto& v : src) v = static_cast<uint8_t>(rng.next_u64());
+  constexpr int kMax = 5;
+  constexpr uint64_t kStride = 20160;  // a multiple of 64
+  std::vector<uint8_t> dst(kMax * kStride + 128);
+  uint8_t* base = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
+  for (uint64_t bytes :
+       {uint64_t{0}, uint64_t{63}, uint64_t{1024}, uint64_t{1088}, uint64_t{7168}, uint64_t{14337}}) {
+    for (int n = 0; n <= kMax; ++n) {
+      for (uint64_t off : {uint64_t{0}, uint64_t{1}}) {  // aligned (streaming) and not (memcpy)
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        uint8_t* d[kMax];
+        for (int k = 0; k < n; ++k) d[k] = base + static_cast<uint64_t>(n - 1 - k) * kStride + off;
+        copy_row_stream_multi(d, n, src.data() + 3, bytes);
+        stream_fence();
+        for (int k = 0; k < kMax; ++k) {
+          const uint8_t* at = base + static_cast<uint64_t>(k) * kStride + off;
+          if (k < n) {
+            ASSERT_EQ(0, bytes ? std::memcmp(at, src.data() + 3, bytes) : 0)
+                << bytes << " to " << k << " of " << n;
+            ASSERT_EQ(at[bytes], 0xEE) << "wrote past the end";
+          } else {
+            ASSERT_EQ(at[0], 0xEE) << "wrote to destination " << k << " of " << n;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The nearest e4m3 code by search over all finite codes (ties to the even code), saturating.
 uint8_t nearest_e4m3(float v) {
   int best = 0;

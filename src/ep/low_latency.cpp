@@ -299,13 +299,24 @@ Status EpGroup::ll_dispatch_recv(LowLatencyOutput* out) {
   const uint64_t row = ll_row(m);
   const int64_t S = ll_S(m);
   default_pool().parallel_for(nj, 16, [&](int64_t j0, int64_t j1, int) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const internal::CopyJob& job = m.jobs[static_cast<size_t>(j)];
-      std::memcpy(m.ll_out + static_cast<uint64_t>(job.dst_row) * row, job.src, row);
-      if (S) std::memcpy(m.ll_out_scales + job.dst_row * S, job.src_scales, static_cast<size_t>(S) * 4);
-      m.ll_out_src[2 * job.dst_row] = job.src_rank;
-      m.ll_out_src[2 * job.dst_row + 1] = job.src_token;
+    uint8_t* dsts[64];
+    for (int64_t j = j0; j < j1;) {
+      // The jobs of one source row (its experts on this rank) are consecutive: the row is read
+      // once and written to each slot with streaming stores (the slots are written whole, so
+      // reading them in first, as cached stores do, would double the traffic).
+      const uint8_t* src = m.jobs[static_cast<size_t>(j)].src;
+      int n = 0;
+      for (; j + n < j1 && n < 64 && m.jobs[static_cast<size_t>(j + n)].src == src; ++n) {
+        const internal::CopyJob& job = m.jobs[static_cast<size_t>(j + n)];
+        dsts[n] = m.ll_out + static_cast<uint64_t>(job.dst_row) * row;
+        if (S) std::memcpy(m.ll_out_scales + job.dst_row * S, job.src_scales, static_cast<size_t>(S) * 4);
+        m.ll_out_src[2 * job.dst_row] = job.src_rank;
+        m.ll_out_src[2 * job.dst_row + 1] = job.src_token;
+      }
+      internal::copy_row_stream_multi(dsts, n, src, row);
+      j += n;
     }
+    internal::stream_fence();  // the rows are the caller's (and other pool threads') once this returns
   });
   m.times.copy_s = copy.elapsed_s();
   m.bytes_moved += static_cast<uint64_t>(nj) * (row + static_cast<uint64_t>(S) * 4);
