@@ -333,7 +333,7 @@ int64_t matvec_max_m(DType dtype, SimdLevel level) {
     case DType::kQ4_0:
       return 12;
     case DType::kF8E4M3:
-      return level >= SimdLevel::kAvx512Bf16 ? 4 : 8;
+      return level >= SimdLevel::kAvx512Bf16 ? kFp8MatvecMaxM : 8;
     default:
       return 8;
   }

@@ -1,9 +1,9 @@
 // BF16 weights on AVX-512 BF16: vdpbf16ps dot products of bf16 activations with bf16 weights,
 // fp32 accumulation; FP8 weights dispatch to matmul_fp8_impl.h (register-table converter here, the
 // VBMI converter in matmul_fp8vbmi_avx512bf16.cpp).
-//  - m <= 4 (decode): row-wise; each weight row is streamed once and dotted with the m activation
-//    rows from L1.
-//  - m > 4 (prefill): the blocked GEMM of matmul_gemm_impl.h with a 6x64 micro-kernel over a panel
+//  - m <= 16 (decode, a few tokens per expert): row-wise; each weight row is streamed once and
+//    dotted with the m activation rows from L1 (fp8: matmul_fp8_impl.h has the row groupings).
+//  - m > 16 (prefill): the blocked GEMM of matmul_gemm_impl.h with a 6x64 micro-kernel over a panel
 //    of k-pairs x 64 output columns ([kc/2][64][2] bf16), transposed once per k-block.
 #include <cstring>
 

@@ -6,8 +6,10 @@
 // are prepared in (ActView::bf16_perm64): natural order for the register table, and for VBMI the
 // byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
 // each 128-column block is summed in fp32 and multiplied by its scale.
-//  - m <= 4: row-wise matrix-vector, R rows x M activation rows, 64 columns per step.
-//  - m > 4: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
+//  - m <= 2: row-wise matrix-vector, R rows x M activation rows, 64 columns per step.
+//  - 3 <= m <= kFp8MatvecMaxM (16): row-wise too, two weight rows against chunks of up to four
+//    activation rows (fp8_mv_rows).
+//  - m > 16: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
 //    k-block, converted once) and the block scale applied per column in the epilogue.
 #pragma once
 
@@ -137,6 +139,112 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   for (; r < r1; ++r) fp8_matvec_group<Conv, 1, M>(conv, w, x, y, ldy, accumulate, r);
 }
 
+// 3 <= m <= 16 (a few tokens per expert in a batched decode): like the matrix-vector product, each
+// weight row is converted once per chunk of up to kChunk activation rows (the rows stay in L1
+// between chunks) and dotted with each of them; one accumulation chain per (weight row, activation row)
+// and 128-column block. Without this, 5-16 rows went through the GEMM, which converts and
+// transposes a whole panel for a handful of rows (0.14-0.23 of the read bandwidth).
+template <class Conv, int R, int M>
+void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
+                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next, int next_rows) {
+  __m512 tot[R][M];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) tot[i][m] = _mm512_setzero_ps();
+  }
+  const int64_t K = w.cols;
+  const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * K;
+  const float* scales[R];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) scales[i] = fp8_scale_row(w, r + i);
+  for (int64_t k0 = 0; k0 < K; k0 += 128) {
+    __m512 blk[R][M];
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) blk[i][m] = _mm512_setzero_ps();
+    }
+    const int64_t kend = std::min<int64_t>(K, k0 + 128);
+    for (int64_t k = k0; k < kend; k += 64) {
+      for (int i = 0; i < next_rows; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T0);
+      const __mmask64 mask = lanes64(K - k);
+      __m512i wa[R], wb[R];
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) conv.convert64(row0 + i * K + k, mask, wa[i], wb[i]);
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xa = bh(_mm512_loadu_si512(xb + m * xs + k));
+        const __m512bh xbv = bh(_mm512_loadu_si512(xb + m * xs + k + 32));
+        FATHOM_UNROLL
+        for (int i = 0; i < R; ++i) {
+          blk[i][m] = _mm512_dpbf16_ps(blk[i][m], bh(wa[i]), xa);
+          blk[i][m] = _mm512_dpbf16_ps(blk[i][m], bh(wb[i]), xbv);
+        }
+      }
+    }
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const __m512 sc = _mm512_set1_ps(scales[i][k0 / 128]);
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) tot[i][m] = _mm512_fmadd_ps(blk[i][m], sc, tot[i][m]);
+    }
+  }
+  fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
+}
+
+// Rows [r, r + R) against all m activation rows, in chunks of at most kChunk (two weight rows by
+// four activation rows keep accumulators, operands and the converter's tables within the 32
+// registers); `next` rows are prefetched during the first chunk.
+inline constexpr int64_t kChunk = 4;
+
+template <class Conv, int R>
+void fp8_mv_group_chunks(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
+                         bool accumulate, int64_t r, const uint8_t* next, int next_rows) {
+  const int64_t m = x.m;
+  const int64_t n_chunks = (m + kChunk - 1) / kChunk;
+  int64_t m0 = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int mc = static_cast<int>((m - m0) / (n_chunks - c));  // balanced: 7 -> 3, 4
+    const uint16_t* xb = x.bf16 + m0 * x.stride;
+    float* yc = y + m0 * ldy;
+    const uint8_t* nx = c == 0 ? next : nullptr;
+    const int nr = c == 0 ? next_rows : 0;
+    switch (mc) {
+      case 1:
+        fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
+        break;
+      case 2:
+        fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
+        break;
+      case 3:
+        fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
+        break;
+      default:
+        static_assert(kChunk == 4);
+        fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
+        break;
+    }
+    m0 += mc;
+  }
+}
+
+template <class Conv>
+void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                 int64_t r1) {
+  const Conv conv;
+  constexpr int R = 2;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    // two groups ahead: a group of two rows is read in about the time of one DRAM round trip
+    const int64_t nr = std::min<int64_t>(R, r1 - (r + 2 * R));
+    fp8_mv_group_chunks<Conv, R>(conv, w, x, y, ldy, accumulate, r, nr > 0 ? fp8_row(w, r + 2 * R) : nullptr,
+                                 static_cast<int>(nr));
+  }
+  for (; r < r1; ++r) fp8_mv_group_chunks<Conv, 1>(conv, w, x, y, ldy, accumulate, r, nullptr, 0);
+}
+
 template <class Conv>
 struct Fp8Gemm {
   static constexpr int kNR = 64;
@@ -228,13 +336,11 @@ void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
     case 2:
       fp8_matvec_rows<Conv, 2>(w, x, y, ldy, accumulate, r0, r1);
       return;
-    case 3:
-      fp8_matvec_rows<Conv, 3>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 4:
-      fp8_matvec_rows<Conv, 4>(w, x, y, ldy, accumulate, r0, r1);
-      return;
     default:
+      if (x.m <= kFp8MatvecMaxM) {
+        fp8_mv_rows<Conv>(w, x, y, ldy, accumulate, r0, r1);
+        return;
+      }
       gemm_rows<Fp8Gemm<Conv>>(w, x, y, ldy, accumulate, r0, r1);
       return;
   }
