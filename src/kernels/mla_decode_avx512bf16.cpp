@@ -181,6 +181,18 @@ struct QkQuadCtx {
 // Sums each group of 4 lanes of acc[j] into s[4j .. 4j+3].
 template <int N>
 void store_quad_sums(const __m512 (&acc)[N], float* s) {
+  if constexpr (N == 4) {  // all 16 rows: a transposing reduction, 10 operations instead of 20
+    // per 128-bit lane L: a = (x0[0]+x0[2], x1[0]+x1[2], x0[1]+x0[3], x1[1]+x1[3]), b likewise
+    const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+    const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+    // lane 4L + j: the sum of group j's lane group L, i.e. row 4j + L
+    const __m512 z =
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
+                      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(s, _mm512_permutexvar_ps(idx, z));
+    return;
+  }
   __m512 out = _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int j = 0; j < N; ++j) {
