@@ -3,8 +3,10 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "base/cpu.h"
@@ -144,6 +146,33 @@ TEST(MappedFile, MapsFilesAndReportsMissingOnes) {
   auto missing = MappedFile::open(dir + "/does-not-exist");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("does-not-exist"), std::string::npos);
+}
+
+TEST(MappedFile, ReadModeHoldsTheSameBytesAsTheMapping) {
+  const std::string dir = testing::TempDir();
+  const std::string path = dir + "/read-mode.bin";
+  Rng rng(std::random_device{}());                      // any bytes: the check is equality
+  std::string bytes((size_t{64} << 20) + 12345, '\0');  // more than one 64 MiB read piece
+  for (auto& c : bytes) c = static_cast<char>(rng.next_u64());
+  ASSERT_TRUE(write_file_atomic(path, bytes).ok());
+  auto mapped = MappedFile::open(path, LoadMode::kMap);
+  auto read = MappedFile::open(path, LoadMode::kRead);
+  ASSERT_TRUE(mapped.ok() && read.ok()) << read.status().to_string();
+  EXPECT_EQ((*read)->mode(), LoadMode::kRead);
+  ASSERT_EQ((*read)->size(), bytes.size());
+  EXPECT_EQ(0, std::memcmp((*read)->data(), (*mapped)->data(), bytes.size()));
+  (*read)->advise(0, bytes.size(), MapAdvice::kWillNeed);  // no-op, not a crash
+  (*read)->prefault(0, bytes.size());
+  // the default mode follows set_default_load_mode; empty and missing files as in map mode
+  set_default_load_mode(LoadMode::kRead);
+  ASSERT_TRUE(write_file_atomic(dir + "/empty-read.bin", "").ok());
+  auto e = MappedFile::open(dir + "/empty-read.bin");
+  auto missing = MappedFile::open(dir + "/does-not-exist");
+  set_default_load_mode(LoadMode::kMap);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->size(), 0u);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  std::filesystem::remove(path);
 }
 
 TEST(Cpu, LevelIsCappedAndNamed) {

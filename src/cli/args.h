@@ -34,15 +34,21 @@ class Args {
   void option(std::string name, int64_t* out, std::string help, std::string metavar = "N");
   void option(std::string name, int* out, std::string help, std::string metavar = "N");
   void option(std::string name, double* out, std::string help, std::string metavar = "X");
-  void option(std::string name, std::optional<std::string>* out, std::string help, std::string metavar = "VALUE");
+  void option(std::string name, std::optional<std::string>* out, std::string help,
+              std::string metavar = "VALUE");
   void option(std::string name, std::optional<int64_t>* out, std::string help, std::string metavar = "N");
   void option(std::string name, std::optional<double>* out, std::string help, std::string metavar = "X");
   // Repeatable: every occurrence is appended.
-  void multi(std::string name, std::vector<std::string>* out, std::string help, std::string metavar = "VALUE");
+  void multi(std::string name, std::vector<std::string>* out, std::string help,
+             std::string metavar = "VALUE");
   void positional(std::string name, std::string* out, std::string help, bool required = true);
   void rest(std::string name, std::vector<std::string>* out, std::string help);
 
   // false when --help was printed (the caller exits 0); an error names the bad option.
+  // --no-mmap, for commands that load a model: read its files into memory instead of mapping
+  // them (MappedFile LoadMode::kRead), applied by parse().
+  void model_load_options();
+
   Result<bool> parse(int argc, char** argv);
   bool given(const std::string& name) const;
   std::string help() const;
@@ -74,6 +80,7 @@ class Args {
   std::vector<std::string> given_;
   int threads_ = 0;
   std::string simd_, log_level_;
+  bool no_mmap_ = false;
 };
 
 // Under mpirun only rank 0 prints the --json line (OMPI_COMM_WORLD_RANK / PMI_RANK / PMIX_RANK).

@@ -40,6 +40,7 @@ int run_bench_decode(int argc, char** argv) {
   Args args(argv[0], "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
   args.usage("--model PATH [--prompt-tokens N] [--gen-tokens N] [--json]");
   args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--prompt-tokens", &prompt_tokens, "prompt length (random token ids)");
   args.option("--gen-tokens", &gen_tokens, "tokens to decode (greedy)");
   args.option("--kv-dtype", &kv, "bf16 or fp8 latent cache", "DTYPE");

@@ -88,6 +88,7 @@ int run_bench_kvstore(int argc, char** argv) {
             "Time to first token of a long prompt: cold, read back from the KV store, and from memory.");
   args.usage("--model PATH [--store HOST:PORT] [--prompt-tokens N] [--runs N] [--json]");
   args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--store", &store_addr,
               "a running `fathom store server` (default: one in process on a temp dir)", "HOST:PORT");
   args.option("--prompt-tokens", &prompt_tokens, "prompt length (random token ids, a new prompt per run)");

@@ -381,6 +381,7 @@ void add_options(Args& args, BenchServeOptions& o) {
       "--model PATH [--concurrency 1,8,16,32] [--prompt-tokens N] [--gen-tokens N] [--prefix-tokens N] "
       "[--url URL] [--json]");
   args.option("--model", &o.model, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--concurrency", &o.concurrency, "comma-separated levels: clients sending requests at once",
               "LIST");
   args.option("--prompt-tokens", &o.prompt_tokens, "prompt length of each request (random token ids)");

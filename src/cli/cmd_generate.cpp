@@ -130,6 +130,7 @@ int run_generate(int argc, char** argv) {
   Args args(argv[0], "Run a prompt through a model and stream the continuation (speeds on stderr).");
   args.usage("--model PATH (--prompt TEXT | --chat TEXT) [options]");
   args.option("--model", &o.model, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--prompt", &o.prompt, "raw text (BOS added as the tokenizer says)", "TEXT");
   args.option("--chat", &o.chat, "a user message, rendered with the chat template", "TEXT");
   args.option("--max-tokens", &o.max_tokens, "tokens to generate");

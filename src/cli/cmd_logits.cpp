@@ -23,6 +23,7 @@ int run_logits(int argc, char** argv) {
   Args args(argv[0], "Print the logits of the last position of --tokens (no BOS added).");
   args.usage("--model PATH --tokens 1,2,3 [--top K] [--json]");
   args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--tokens", &tokens_text, "comma-separated token ids, used verbatim", "IDS");
   args.option("--top", &top, "how many of the largest logits to list (text output)");
   args.option("--mode", &mode, "prefill (naive MLA) or decode (token by token, absorbed MLA)", "MODE");

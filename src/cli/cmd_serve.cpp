@@ -56,6 +56,7 @@ int run_serve(int argc, char** argv) {
                      "health, metrics) with continuous batching, prefix caching and MTP speculation.");
   args.usage("--model PATH [options]");
   args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
+  args.model_load_options();
   args.option("--host", &so.host, "address to listen on", "HOST");
   args.option("--port", &so.port, "port (0 picks a free one)");
   args.option("--served-model-name", &so.served_model_name, "model id in the API (default: the checkpoint's name)", "NAME");
