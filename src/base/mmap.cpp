@@ -99,18 +99,12 @@ void MappedFile::advise(size_t offset, size_t length, MapAdvice advice) const {
   const size_t end = std::min(size_, offset + length);
   int flag = MADV_NORMAL;
   switch (advice) {
-    case MapAdvice::kNormal:
-      flag = MADV_NORMAL;
-      break;
-    case MapAdvice::kSequential:
-      flag = MADV_SEQUENTIAL;
-      break;
-    case MapAdvice::kRandom:
-      flag = MADV_RANDOM;
-      break;
-    case MapAdvice::kWillNeed:
-      flag = MADV_WILLNEED;
-      break;
+    // clang-format off
+    case MapAdvice::kNormal: flag = MADV_NORMAL; break;
+    case MapAdvice::kSequential: flag = MADV_SEQUENTIAL; break;
+    case MapAdvice::kRandom: flag = MADV_RANDOM; break;
+    case MapAdvice::kWillNeed: flag = MADV_WILLNEED; break;
+    // clang-format on
   }
   (void)madvise(const_cast<uint8_t*>(data_) + begin, end - begin, flag);
 }
