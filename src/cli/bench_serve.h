@@ -115,7 +115,8 @@ struct LevelResult {
   int64_t requests = 0, output_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   double seconds = 0;  // first submit to last finish
   LatencySummary ttft, itl, tpot, e2e;
-  DecodeRoofline decode;  // in-process only
+  DecodeRoofline decode;                // in-process only
+  std::vector<EngineStepReport> steps;  // in-process only: what `decode` was computed from
 };
 
 // Runs one concurrency level to completion.

@@ -210,6 +210,7 @@ Result<LevelResult> run_level(const RequestRunner& run, const EngineProbe& probe
   }
   LevelResult out = summarize_level(p.concurrency, records);
   out.decode = decode_roofline(steps, roof);
+  out.steps = std::move(steps);
   return out;
 }
 

@@ -34,6 +34,8 @@ try {
   const j = JSON.parse(lines[lines.length - 1]);
   assert.equal(j.http, 'excluded (in-process engine)');
   assert.ok(j.bandwidth_gbs > 0 && j.peak_bf16_gflops > 0 && j.peak_gflops > 0);
+  // the roofline uses the higher of the readings before and after the run
+  assert.equal(j.bandwidth_gbs, Math.max(j.bandwidth_before_gbs, j.bandwidth_after_gbs));
   assert.equal(j.routed_experts, 16);
   assert.equal(j.experts_per_token, 4);
   assert.deepEqual(j.levels.map((l) => l.concurrency), [1, 4]);
