@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/log.h"
+#include "base/mmap.h"
 #include "model/model_impl.h"
 
 namespace fathom {
@@ -113,6 +114,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelO
   // loaded (so no rank waits in a collective for one that failed), then build the EP groups.
   ModelOptions o = options;
   o.ep_rank = TRY(ep_world_rank(options.ep_size));
+  if (default_load_mode() == LoadMode::kRead) {
+    log_warn(
+        "--no-mmap under --ep {}: every rank reads the whole checkpoint into its own memory ({} copies); "
+        "a mapping shares one page-cache copy and touches only this rank's experts",
+        options.ep_size, options.ep_size);
+  }
   auto model = load_local(path, o);
   TRY(ep_agree(model.ok() ? Status{} : model.status()));
   (*model)->impl_->ep = TRY(ep_moe_create((*model)->config(), o));
