@@ -194,55 +194,60 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
-// Rows [r, r + R) against all m activation rows, in chunks of at most kChunk (two weight rows by
-// four activation rows keep accumulators, operands and the converter's tables within the 32
-// registers); `next` rows are prefetched during the first chunk.
+// Activation rows go in chunks of at most kChunk: two weight rows by four activation rows keep
+// accumulators, operands and the converter's tables within the 32 registers.
 inline constexpr int64_t kChunk = 4;
 
+// One chunk of mc (1..kChunk) activation rows starting at row m0, against weight rows [r, r + R).
 template <class Conv, int R>
-void fp8_mv_group_chunks(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
-                         bool accumulate, int64_t r, const uint8_t* next, int next_rows) {
-  const int64_t m = x.m;
-  const int64_t n_chunks = (m + kChunk - 1) / kChunk;
-  int64_t m0 = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int mc = static_cast<int>((m - m0) / (n_chunks - c));  // balanced: 7 -> 3, 4
-    const uint16_t* xb = x.bf16 + m0 * x.stride;
-    float* yc = y + m0 * ldy;
-    const uint8_t* nx = c == 0 ? next : nullptr;
-    const int nr = c == 0 ? next_rows : 0;
-    switch (mc) {
-      case 1:
-        fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
-        break;
-      case 2:
-        fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
-        break;
-      case 3:
-        fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
-        break;
-      default:
-        static_assert(kChunk == 4);
-        fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, nx, nr);
-        break;
-    }
-    m0 += mc;
+void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
+                      bool accumulate, int64_t r, int64_t m0, int mc, const uint8_t* next, int next_rows) {
+  const uint16_t* xb = x.bf16 + m0 * x.stride;
+  float* yc = y + m0 * ldy;
+  switch (mc) {
+    case 1:
+      fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      break;
+    case 2:
+      fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      break;
+    case 3:
+      fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      break;
+    default:
+      static_assert(kChunk == 4);
+      fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      break;
   }
 }
+
+// Weight rows in blocks of kMvBlockRows; within a block, chunk by chunk of activation rows (balanced:
+// 7 -> 3, 4), so one chunk of x (4 rows) and the block's converted weight rows stay in L1 while the
+// block is swept; the first sweep streams the weights from memory, prefetching two groups ahead.
+inline constexpr int64_t kMvBlockRows = 8;
 
 template <class Conv>
 void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   const Conv conv;
   constexpr int R = 2;
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    // two groups ahead: a group of two rows is read in about the time of one DRAM round trip
-    const int64_t nr = std::min<int64_t>(R, r1 - (r + 2 * R));
-    fp8_mv_group_chunks<Conv, R>(conv, w, x, y, ldy, accumulate, r, nr > 0 ? fp8_row(w, r + 2 * R) : nullptr,
-                                 static_cast<int>(nr));
+  const int64_t m = x.m;
+  const int64_t n_chunks = (m + kChunk - 1) / kChunk;
+  for (int64_t rb = r0; rb < r1; rb += kMvBlockRows) {
+    const int64_t re = std::min(r1, rb + kMvBlockRows);
+    int64_t m0 = 0;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int mc = static_cast<int>((m - m0) / (n_chunks - c));
+      int64_t r = rb;
+      for (; r + R <= re; r += R) {
+        const int64_t nr = c == 0 ? std::min<int64_t>(R, r1 - (r + 2 * R)) : 0;
+        fp8_mv_chunk_any<Conv, R>(conv, w, x, y, ldy, accumulate, r, m0, mc,
+                                  nr > 0 ? fp8_row(w, r + 2 * R) : nullptr, static_cast<int>(nr));
+      }
+      for (; r < re; ++r) fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, nullptr, 0);
+      m0 += mc;
+    }
   }
-  for (; r < r1; ++r) fp8_mv_group_chunks<Conv, 1>(conv, w, x, y, ldy, accumulate, r, nullptr, 0);
 }
 
 template <class Conv>
