@@ -65,13 +65,18 @@ inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool ac
   }
 }
 
-// `next`: the first row of the group that follows (nullptr for the last one). Its bytes are
-// prefetched at the same columns as this group's are read: rows of a few KiB are too short for the
-// hardware prefetcher to ramp up on its own, and without this a matrix-vector product reads DRAM
-// at a quarter of the bandwidth (1 byte per weight leaves many rows per cache line of arithmetic).
-template <class Conv, int R, int M>
-void fp8_matvec_group(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
-                      bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0) {
+// Weight rows [r, r + R) against M activation rows (xb, stride xs): each 64-column step converts
+// the R rows once and dots them with every activation row; per 128-column block the sums are scaled
+// and added up in fp32. C accumulation chains per (weight row, activation row): 2 (the a and b
+// halves apart) when R * M is too small to hide the FMA latency, else 1.
+// `next`: the first of `next_rows` rows to prefetch, at the same columns as these rows are read:
+// rows of a few KiB are too short for the hardware prefetcher to ramp up on its own, and without
+// this a matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight leaves
+// many rows per cache line of arithmetic).
+template <class Conv, int R, int M, int C = 1>
+void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
+                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0) {
+  static_assert(C == 1 || C == 2);
   __m512 tot[R][M];
   FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
@@ -83,87 +88,15 @@ void fp8_matvec_group(const Conv& conv, const WeightView& w, const ActView& x, f
   const float* scales[R];
   FATHOM_UNROLL
   for (int i = 0; i < R; ++i) scales[i] = fp8_scale_row(w, r + i);
-  const uint16_t* xb = x.bf16;
-  const int64_t xs = x.stride;
   for (int64_t k0 = 0; k0 < K; k0 += 128) {
-    __m512 blk[R][M][2];  // two chains per (row, activation row): the a and b halves
+    __m512 blk[R][M][C];
     FATHOM_UNROLL
     for (int i = 0; i < R; ++i) {
-      FATHOM_UNROLL
-      for (int m = 0; m < M; ++m) blk[i][m][0] = blk[i][m][1] = _mm512_setzero_ps();
-    }
-    const int64_t kend = std::min<int64_t>(K, k0 + 128);
-    for (int64_t k = k0; k < kend; k += 64) {
-      const __mmask64 mask = lanes64(K - k);
-      __m512bh xa[M], xbv[M];
       FATHOM_UNROLL
       for (int m = 0; m < M; ++m) {
-        xa[m] = bh(_mm512_loadu_si512(xb + m * xs + k));
-        xbv[m] = bh(_mm512_loadu_si512(xb + m * xs + k + 32));
-      }
-      for (int i = 0; i < next_rows; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T0);
-      FATHOM_UNROLL
-      for (int i = 0; i < R; ++i) {
-        __m512i wa, wb;
-        conv.convert64(row0 + i * K + k, mask, wa, wb);
         FATHOM_UNROLL
-        for (int m = 0; m < M; ++m) {
-          blk[i][m][0] = _mm512_dpbf16_ps(blk[i][m][0], bh(wa), xa[m]);
-          blk[i][m][1] = _mm512_dpbf16_ps(blk[i][m][1], bh(wb), xbv[m]);
-        }
+        for (int h = 0; h < C; ++h) blk[i][m][h] = _mm512_setzero_ps();
       }
-    }
-    FATHOM_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const __m512 s = _mm512_set1_ps(scales[i][k0 / 128]);
-      FATHOM_UNROLL
-      for (int m = 0; m < M; ++m)
-        tot[i][m] = _mm512_fmadd_ps(_mm512_add_ps(blk[i][m][0], blk[i][m][1]), s, tot[i][m]);
-    }
-  }
-  fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
-}
-
-template <class Conv, int M>
-void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
-                     int64_t r0, int64_t r1) {
-  const Conv conv;
-  constexpr int R = M == 1 ? 4 : 2;
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    const int64_t nr = std::min<int64_t>(R, r1 - (r + R));
-    fp8_matvec_group<Conv, R, M>(conv, w, x, y, ldy, accumulate, r, nr > 0 ? fp8_row(w, r + R) : nullptr,
-                                 static_cast<int>(nr));
-  }
-  for (; r < r1; ++r) fp8_matvec_group<Conv, 1, M>(conv, w, x, y, ldy, accumulate, r);
-}
-
-// 3 <= m <= 16 (a few tokens per expert in a batched decode): like the matrix-vector product, each
-// weight row is converted once per chunk of up to kChunk activation rows (the rows stay in L1
-// between chunks) and dotted with each of them; one accumulation chain per (weight row, activation row)
-// and 128-column block. Without this, 5-16 rows went through the GEMM, which converts and
-// transposes a whole panel for a handful of rows (0.14-0.23 of the read bandwidth).
-template <class Conv, int R, int M>
-void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
-                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next, int next_rows) {
-  __m512 tot[R][M];
-  FATHOM_UNROLL
-  for (int i = 0; i < R; ++i) {
-    FATHOM_UNROLL
-    for (int m = 0; m < M; ++m) tot[i][m] = _mm512_setzero_ps();
-  }
-  const int64_t K = w.cols;
-  const uint8_t* row0 = static_cast<const uint8_t*>(w.data) + r * K;
-  const float* scales[R];
-  FATHOM_UNROLL
-  for (int i = 0; i < R; ++i) scales[i] = fp8_scale_row(w, r + i);
-  for (int64_t k0 = 0; k0 < K; k0 += 128) {
-    __m512 blk[R][M];
-    FATHOM_UNROLL
-    for (int i = 0; i < R; ++i) {
-      FATHOM_UNROLL
-      for (int m = 0; m < M; ++m) blk[i][m] = _mm512_setzero_ps();
     }
     const int64_t kend = std::min<int64_t>(K, k0 + 128);
     for (int64_t k = k0; k < kend; k += 64) {
@@ -179,8 +112,8 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
         const __m512bh xbv = bh(_mm512_loadu_si512(xb + m * xs + k + 32));
         FATHOM_UNROLL
         for (int i = 0; i < R; ++i) {
-          blk[i][m] = _mm512_dpbf16_ps(blk[i][m], bh(wa[i]), xa);
-          blk[i][m] = _mm512_dpbf16_ps(blk[i][m], bh(wb[i]), xbv);
+          blk[i][m][0] = _mm512_dpbf16_ps(blk[i][m][0], bh(wa[i]), xa);
+          blk[i][m][C - 1] = _mm512_dpbf16_ps(blk[i][m][C - 1], bh(wb[i]), xbv);
         }
       }
     }
@@ -188,14 +121,34 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
     for (int i = 0; i < R; ++i) {
       const __m512 sc = _mm512_set1_ps(scales[i][k0 / 128]);
       FATHOM_UNROLL
-      for (int m = 0; m < M; ++m) tot[i][m] = _mm512_fmadd_ps(blk[i][m], sc, tot[i][m]);
+      for (int m = 0; m < M; ++m) {
+        const __m512 sum = C == 2 ? _mm512_add_ps(blk[i][m][0], blk[i][m][C - 1]) : blk[i][m][0];
+        tot[i][m] = _mm512_fmadd_ps(sum, sc, tot[i][m]);
+      }
     }
   }
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
-// Activation rows go in chunks of at most kChunk: two weight rows by four activation rows keep
-// accumulators, operands and the converter's tables within the 32 registers.
+template <class Conv, int M>
+void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                     int64_t r0, int64_t r1) {
+  const Conv conv;
+  constexpr int R = M == 1 ? 4 : 2;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    const int64_t nr = std::min<int64_t>(R, r1 - (r + R));
+    fp8_mv_chunk<Conv, R, M, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
+                                nr > 0 ? fp8_row(w, r + R) : nullptr, static_cast<int>(nr));
+  }
+  for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, M, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
+}
+
+// 3 <= m <= 16 (a few tokens per expert in a batched decode): fp8_mv_chunk over chunks of at most
+// kChunk activation rows, one chain each (two weight rows by four activation rows keep
+// accumulators, operands and the converter's tables within the 32 registers). Without this, 5-16
+// rows went through the GEMM, which converts and transposes a whole panel for a handful of rows
+// (0.14-0.23 of the read bandwidth).
 inline constexpr int64_t kChunk = 4;
 
 // One chunk of mc (1..kChunk) activation rows starting at row m0, against weight rows [r, r + R).
