@@ -129,14 +129,6 @@ void axpy_row(float* acc, float w, const void* row, WireFormat f, int64_t n) {
   use_avx512() ? axpy_row_avx512(acc, w, row, f, n) : axpy_row_ref(acc, w, row, f, n);
 }
 
-void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
-  if (use_avx512() && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
-    copy_row_stream_avx512(dst, src, bytes);
-  } else {
-    std::memcpy(dst, src, bytes);
-  }
-}
-
 void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_t bytes) {
   bool aligned = use_avx512() && bytes >= 1024;
   for (int i = 0; i < n && aligned; ++i) aligned = (reinterpret_cast<uintptr_t>(dsts[i]) & 63) == 0;
@@ -145,6 +137,11 @@ void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_
   } else {
     for (int i = 0; i < n; ++i) std::memcpy(dsts[i], src, bytes);
   }
+}
+
+void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  copy_row_stream_multi(&d, 1, src, bytes);
 }
 
 void sum_rows(float* out, const void* const* rows, int n, WireFormat f, int64_t count, bool stream) {

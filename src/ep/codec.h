@@ -44,9 +44,8 @@ void decode_fp8_row_ref(const uint8_t* q, const float* scales, int64_t n, float*
 // another rank are not read again by this one: streaming them skips the read-for-ownership).
 // Callers publish the rows only after stream_fence().
 void copy_row_stream(void* dst, const void* src, uint64_t bytes);
-void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes);
 // The same row into n destinations (a token routed to several experts of one rank): each block of
-// the source is loaded once and stored n times.
+// the source is loaded once and stored n times (copy_row_stream is the one-destination case).
 void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_t bytes);
 void copy_row_stream_multi_avx512(uint8_t* const* dsts, int n, const void* src, uint64_t bytes);
 void stream_fence();

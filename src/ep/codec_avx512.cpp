@@ -128,23 +128,6 @@ void axpy_row_avx512(float* acc, float w, const void* row, WireFormat f, int64_t
   }
 }
 
-void copy_row_stream_avx512(void* dst, const void* src, uint64_t bytes) {
-  uint8_t* d = static_cast<uint8_t*>(dst);
-  const uint8_t* s = static_cast<const uint8_t*>(src);
-  uint64_t i = 0;
-  for (; i + 256 <= bytes; i += 256) {
-    const __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64);
-    const __m512i c = _mm512_loadu_si512(s + i + 128), e = _mm512_loadu_si512(s + i + 192);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), a);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 64), b);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 128), c);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 192), e);
-  }
-  for (; i + 64 <= bytes; i += 64)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(s + i));
-  if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
-}
-
 void copy_row_stream_multi_avx512(uint8_t* const* dsts, int n, const void* src, uint64_t bytes) {
   const uint8_t* s = static_cast<const uint8_t*>(src);
   uint64_t i = 0;
