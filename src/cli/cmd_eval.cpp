@@ -98,12 +98,11 @@ Status unigram(const std::string& dir, bool json) {
   // The trainer's loader: the same validation of meta.json, token ids and loss masks.
   const train::TokenData d = TRY(train::load_token_data(dir, 1));
   const int64_t vocab = d.meta.vocab_size;
-  const std::vector<uint32_t> train(d.train.begin(), d.train.end()), val(d.val.begin(), d.val.end());
   // With loss masks the baseline counts the tokens the trainer scores (its validation loss is over
   // those); the all-token figure is printed beside it.
   const bool masked = d.meta.loss_mask;
-  const auto r = TRY(eval::unigram_baseline(train, val, vocab, d.train_mask, d.val_mask));
-  const auto all = TRY(eval::unigram_baseline(train, val, vocab));
+  const auto r = TRY(eval::unigram_baseline(d.train, d.val, vocab, d.train_mask, d.val_mask));
+  const auto all = masked ? TRY(eval::unigram_baseline(d.train, d.val, vocab)) : r;
   if (json) {
     print_json_line(nlohmann::json({{"unigram_nats", r.cross_entropy_nats},
                                     {"val_unigram_entropy_nats", r.val_entropy_nats},

@@ -234,18 +234,5 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
   return r;
 }
 
-Result<std::vector<uint32_t>> read_token_bin(const std::string& path, int64_t vocab_size) {
-  auto file = TRY(MappedFile::open(path));
-  if (file->size() % sizeof(uint32_t) != 0)
-    return invalid_argument("{}: {} bytes is not a whole number of uint32 token ids", path, file->size());
-  std::vector<uint32_t> ids(file->size() / sizeof(uint32_t));
-  if (!ids.empty()) std::memcpy(ids.data(), file->data(), file->size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (static_cast<int64_t>(ids[i]) >= vocab_size)
-      return out_of_range("{}: token {} has id {}, outside the vocabulary of {}", path, i, ids[i],
-                          vocab_size);
-  }
-  return ids;
-}
 
 }  // namespace fathom::eval

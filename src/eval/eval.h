@@ -87,8 +87,6 @@ struct TokenizeCorpusResult {
 // val_fraction, so identical documents never straddle the split. Deterministic.
 Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const TokenizeCorpusParams& params);
 
-// Reads a .bin of uint32 token ids (errors: size not a multiple of 4, an id >= vocab_size).
-Result<std::vector<uint32_t>> read_token_bin(const std::string& path, int64_t vocab_size);
 
 // ---- Unigram baseline ---------------------------------------------------------------------------
 
@@ -100,7 +98,7 @@ struct UnigramResult {
 };
 // With masks (one byte per token, as train.mask / val.mask; empty spans: every token counts), only
 // tokens whose byte is 1 count on either side: the baseline for the loss the trainer reports.
-Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::span<const uint32_t> val,
+Result<UnigramResult> unigram_baseline(std::span<const int32_t> train, std::span<const int32_t> val,
                                        int64_t vocab_size, std::span<const uint8_t> train_mask = {},
                                        std::span<const uint8_t> val_mask = {});
 

@@ -8,7 +8,7 @@
 
 namespace fathom::eval {
 
-Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::span<const uint32_t> val,
+Result<UnigramResult> unigram_baseline(std::span<const int32_t> train, std::span<const int32_t> val,
                                        int64_t vocab_size, std::span<const uint8_t> train_mask,
                                        std::span<const uint8_t> val_mask) {
   if (vocab_size <= 0) return invalid_argument("vocab_size {} must be positive", vocab_size);
@@ -19,15 +19,17 @@ Result<UnigramResult> unigram_baseline(std::span<const uint32_t> train, std::spa
   std::vector<int64_t> train_counts(vocab_size, 0), val_counts(vocab_size, 0);
   int64_t n_train = 0, n_val_ids = 0;
   for (size_t i = 0; i < train.size(); ++i) {
-    const uint32_t id = train[i];
-    if (id >= vocab_size) return out_of_range("train id {} is outside the vocabulary of {}", id, vocab_size);
+    const int32_t id = train[i];
+    if (id < 0 || id >= vocab_size)
+      return out_of_range("train id {} is outside the vocabulary of {}", id, vocab_size);
     if (!train_mask.empty() && train_mask[i] == 0) continue;
     ++train_counts[id];
     ++n_train;
   }
   for (size_t i = 0; i < val.size(); ++i) {
-    const uint32_t id = val[i];
-    if (id >= vocab_size) return out_of_range("val id {} is outside the vocabulary of {}", id, vocab_size);
+    const int32_t id = val[i];
+    if (id < 0 || id >= vocab_size)
+      return out_of_range("val id {} is outside the vocabulary of {}", id, vocab_size);
     if (!val_mask.empty() && val_mask[i] == 0) continue;
     ++val_counts[id];
     ++n_val_ids;
