@@ -170,8 +170,12 @@ TEST(MappedFile, ReadModeHoldsTheSameBytesAsTheMapping) {
   auto missing = MappedFile::open(dir + "/does-not-exist");
   set_default_load_mode(LoadMode::kMap);
   ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->mode(), LoadMode::kRead);  // open(path) took the default
   EXPECT_EQ((*e)->size(), 0u);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  auto mapped_again = MappedFile::open(path);
+  ASSERT_TRUE(mapped_again.ok());
+  EXPECT_EQ((*mapped_again)->mode(), LoadMode::kMap);
   std::filesystem::remove(path);
 }
 

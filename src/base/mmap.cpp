@@ -57,7 +57,7 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
 Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, LoadMode mode) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status(errno, fmt::format("open '{}'", path));
-  struct stat st {};
+  struct stat st{};
   if (fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);

@@ -5,8 +5,8 @@
 #include <cstdlib>
 
 #include "base/cpu.h"
-#include "base/log.h"
 #include "base/mmap.h"
+#include "base/log.h"
 #include "base/strings.h"
 #include "base/thread_pool.h"
 
@@ -64,8 +64,7 @@ void Args::option(std::string name, int* out, std::string help, std::string meta
   add(Spec{name, std::move(help), std::move(metavar), *out ? std::to_string(*out) : "", true,
            [out, name](const std::string& v) -> Status {
              const int64_t x = TRY(parse_int(v, name));
-             if (x < -(int64_t{1} << 31) || x >= (int64_t{1} << 31))
-               return out_of_range("{}: {} is too large", name, v);
+             if (x < -(int64_t{1} << 31) || x >= (int64_t{1} << 31)) return out_of_range("{}: {} is too large", name, v);
              *out = static_cast<int>(x);
              return {};
            }});
@@ -175,21 +174,18 @@ Result<bool> Args::parse(int argc, char** argv) {
   }
   if (!log_level_.empty()) set_log_level(TRY(parse_log_level(log_level_)));
   if (!simd_.empty()) set_simd_level_cap(TRY(parse_simd_level(simd_)));
-  if (threads_ < 0 || threads_ > 1024)
-    return invalid_argument("--threads {} is out of range (1..1024)", threads_);
+  if (threads_ < 0 || threads_ > 1024) return invalid_argument("--threads {} is out of range (1..1024)", threads_);
   if (threads_ > 0) set_default_pool_threads(threads_);
   if (no_mmap_) set_default_load_mode(LoadMode::kRead);
   return true;
 }
 
 void Args::model_load_options() {
-  flag("--no-mmap", &no_mmap_,
-       "read the model files into memory instead of mapping them (RAM for all of it)");
+  flag("--no-mmap", &no_mmap_, "read the model files into memory instead of mapping them (RAM for all of it)");
 }
 
 std::string Args::help() const {
-  std::string out =
-      fmt::format("usage: {} {}\n\n{}\n", command_, usage_.empty() ? "[options]" : usage_, summary_);
+  std::string out = fmt::format("usage: {} {}\n\n{}\n", command_, usage_.empty() ? "[options]" : usage_, summary_);
   if (!positionals_.empty() || rest_ != nullptr) {
     out += "\narguments:\n";
     for (const auto& p : positionals_) out += fmt::format("  {:<26} {}\n", p.name, p.help);
@@ -198,8 +194,7 @@ std::string Args::help() const {
   auto print_spec = [&](const Spec& s) {
     std::string left = s.name + (s.takes_value ? " " + s.metavar : "");
     std::string help = s.help;
-    if (!s.default_text.empty() && s.takes_value && s.default_text != "0")
-      help += fmt::format(" [{}]", s.default_text);
+    if (!s.default_text.empty() && s.takes_value && s.default_text != "0") help += fmt::format(" [{}]", s.default_text);
     out += fmt::format("  {:<26} {}\n", left, help);
   };
   out += "\noptions:\n";

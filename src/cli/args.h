@@ -34,13 +34,11 @@ class Args {
   void option(std::string name, int64_t* out, std::string help, std::string metavar = "N");
   void option(std::string name, int* out, std::string help, std::string metavar = "N");
   void option(std::string name, double* out, std::string help, std::string metavar = "X");
-  void option(std::string name, std::optional<std::string>* out, std::string help,
-              std::string metavar = "VALUE");
+  void option(std::string name, std::optional<std::string>* out, std::string help, std::string metavar = "VALUE");
   void option(std::string name, std::optional<int64_t>* out, std::string help, std::string metavar = "N");
   void option(std::string name, std::optional<double>* out, std::string help, std::string metavar = "X");
   // Repeatable: every occurrence is appended.
-  void multi(std::string name, std::vector<std::string>* out, std::string help,
-             std::string metavar = "VALUE");
+  void multi(std::string name, std::vector<std::string>* out, std::string help, std::string metavar = "VALUE");
   void positional(std::string name, std::string* out, std::string help, bool required = true);
   void rest(std::string name, std::vector<std::string>* out, std::string help);
 

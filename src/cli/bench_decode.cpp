@@ -37,8 +37,7 @@ int run_bench_decode(int argc, char** argv) {
   std::string model_path, kv = "bf16";
   int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1;
   bool json_out = false;
-  Args args(argv[0],
-            "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
+  Args args(argv[0], "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
   args.usage("--model PATH [--prompt-tokens N] [--gen-tokens N] [--json]");
   args.option("--model", &model_path, "Hugging Face model directory or GGUF file", "PATH");
   args.model_load_options();
@@ -50,8 +49,7 @@ int run_bench_decode(int argc, char** argv) {
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
-  if (prompt_tokens < 1 || gen_tokens < 1)
-    return fail(args.command(), invalid_argument("token counts must be positive"));
+  if (prompt_tokens < 1 || gen_tokens < 1) return fail(args.command(), invalid_argument("token counts must be positive"));
   auto kv_dtype = parse_mla_kv_dtype(kv);
   if (!kv_dtype.ok()) return fail(args.command(), kv_dtype.status());
   ThreadPool& pool = default_pool();
@@ -64,8 +62,7 @@ int run_bench_decode(int argc, char** argv) {
   Model& model = **loaded;
   const ModelConfig& c = model.config();
   if (prompt_tokens + gen_tokens > model.max_context()) {
-    return fail(args.command(), out_of_range("{} + {} tokens exceed the context limit {}", prompt_tokens,
-                                             gen_tokens, model.max_context()));
+    return fail(args.command(), out_of_range("{} + {} tokens exceed the context limit {}", prompt_tokens, gen_tokens, model.max_context()));
   }
   KvCacheOptions ko = model.kv_cache_options(*kv_dtype, 0, 1);
   ko.capacity_bytes = static_cast<uint64_t>(((prompt_tokens + gen_tokens) / ko.format.page_tokens + 2) *
@@ -75,8 +72,7 @@ int run_bench_decode(int argc, char** argv) {
   KvCache& cache = **cache_r;
   Rng rng(static_cast<uint64_t>(seed));
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
-  for (auto& t : prompt)
-    t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(model.tokenizer().vocab_size())));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(model.tokenizer().vocab_size())));
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   auto run = [&](SeqId seq, int64_t pos, std::span<const int32_t> toks) -> Result<ForwardResult> {
     TRY(cache.append(seq, toks));
@@ -99,8 +95,7 @@ int run_bench_decode(int argc, char** argv) {
   Timer tp;
   for (int64_t p = 0; p < prompt_tokens; p += mo.max_batch_tokens) {
     const int64_t n = std::min(mo.max_batch_tokens, prompt_tokens - p);
-    auto r =
-        run(seq, p, std::span<const int32_t>(prompt).subspan(static_cast<size_t>(p), static_cast<size_t>(n)));
+    auto r = run(seq, p, std::span<const int32_t>(prompt).subspan(static_cast<size_t>(p), static_cast<size_t>(n)));
     if (!r.ok()) return fail(args.command(), r.status());
     prefill_flops += r->stats.linear_flops + r->stats.attention_flops;
     prefill_bytes += r->stats.weight_bytes;
@@ -161,20 +156,17 @@ int run_bench_decode(int argc, char** argv) {
     print_json_line(j.dump());
     return 0;
   }
-  std::printf(
-      "machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run), peak bf16 %.0f GFLOP/s, "
-      "int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
-      bw.read_gbs, bw_before.read_gbs, bw_after.read_gbs, peak.bf16_gflops, peak.int8_gops, peak.f32_gflops,
-      pool.size());
+  std::printf("machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run), peak bf16 %.0f "
+              "GFLOP/s, int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
+              bw.read_gbs, bw_before.read_gbs, bw_after.read_gbs, peak.bf16_gflops, peak.int8_gops,
+              peak.f32_gflops, pool.size());
   std::printf("prefill: %lld tokens in %.2f s = %.1f tokens/s, %.1f GFLOP/s = %.0f%% of the %s peak\n",
-              static_cast<long long>(prompt_tokens), prefill_s,
-              static_cast<double>(prompt_tokens) / prefill_s, prefill_flops / prefill_s * 1e-9,
-              prefill_fraction * 100, arith.c_str());
-  std::printf(
-      "decode:  %lld tokens in %.2f s = %.2f tokens/s, %s read per token = %.1f GB/s = %.0f%% of bandwidth\n",
-      static_cast<long long>(gen_tokens), decode_s, static_cast<double>(gen_tokens) / decode_s,
-      format_bytes(static_cast<uint64_t>(bytes_per_token)).c_str(), bytes_per_token / s_per_token * 1e-9,
-      decode_fraction * 100);
+              static_cast<long long>(prompt_tokens), prefill_s, static_cast<double>(prompt_tokens) / prefill_s,
+              prefill_flops / prefill_s * 1e-9, prefill_fraction * 100, arith.c_str());
+  std::printf("decode:  %lld tokens in %.2f s = %.2f tokens/s, %s read per token = %.1f GB/s = %.0f%% of bandwidth\n",
+              static_cast<long long>(gen_tokens), decode_s, static_cast<double>(gen_tokens) / decode_s,
+              format_bytes(static_cast<uint64_t>(bytes_per_token)).c_str(), bytes_per_token / s_per_token * 1e-9,
+              decode_fraction * 100);
   return 0;
 }
 
