@@ -72,7 +72,7 @@ inline void store_y(float* y, bool accumulate, float v) {
 }
 
 // `next`/`next_rows`: the following group of rows, prefetched at the columns this group reads (see
-// fp8_matvec_group: short rows defeat the hardware prefetcher).
+// fp8_mv_chunk in matmul_fp8_impl.h: short rows defeat the hardware prefetcher).
 template <DType D, int R, int M>
 void matvec_group(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
                   const uint8_t* next = nullptr, int next_rows = 0) {
