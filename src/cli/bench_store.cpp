@@ -7,6 +7,9 @@
 //   4 KiB random get vs fio 4 KiB random read at the same queue depth
 // Queue depth = --threads requests in flight x --batch blocks per request. CPU per GB/s counts
 // this process (and the server's, from its health RPC, when it runs elsewhere).
+// Every phase runs --rounds times, each time next to its fio job, alternating which goes first, and
+// the ratios are of the totals: a shared virtual disk's throughput drifts (and bursts) over
+// seconds, so one get and one fio read measured tens of seconds apart compare mostly noise.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -39,7 +42,8 @@ struct Options {
   int64_t batch = 8;
   int64_t threads = 2;
   std::string bytes = "1G";
-  double rand_seconds = 3;
+  int64_t rounds = 3;
+  double rand_seconds = 1;
   std::string rand_bytes = "64M";
   bool no_fio = false;
   bool json = false;
@@ -61,6 +65,15 @@ struct PhaseResult {
   double seconds = 0, bytes = 0, ops = 0, cpu_s = 0, p50_ms = 0, p99_ms = 0;
   uint64_t errors = 0;
   std::string first_error;
+  std::vector<double> lat_ms;  // one per request
+  void add(const PhaseResult& o) {
+    seconds += o.seconds, bytes += o.bytes, ops += o.ops, cpu_s += o.cpu_s;
+    if (errors == 0 && o.errors > 0) first_error = o.first_error;
+    errors += o.errors;
+    lat_ms.insert(lat_ms.end(), o.lat_ms.begin(), o.lat_ms.end());
+    p50_ms = percentile(lat_ms, 0.5);
+    p99_ms = percentile(lat_ms, 0.99);
+  }
   double gbs() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double iops() const { return seconds > 0 ? ops / seconds : 0; }
   double cores_per_gbs() const { return gbs() > 0 ? cpu_s / seconds / gbs() : 0; }
@@ -119,6 +132,7 @@ PhaseResult run_phase(int threads, uint64_t batches, double seconds, storage::St
   r.cpu_s = cpu_seconds() + server_cpu() - cpu0;
   r.p50_ms = percentile(lat, 0.5);
   r.p99_ms = percentile(lat, 0.99);
+  r.lat_ms = std::move(lat);
   return r;
 }
 
@@ -126,6 +140,28 @@ struct FioResult {
   Status status;
   double bw_bytes = 0, iops = 0, p50_ms = 0, p99_ms = 0;
   std::string command;
+  int runs = 0;
+  // Folds in another run of the same job: throughput over the summed time (equal bytes per run
+  // for size-based jobs, equal time for time-based ones), the latency percentiles' mean.
+  void add(const FioResult& o, bool time_based) {
+    command = o.command;
+    if (!status.ok()) return;
+    if (!o.status.ok()) {
+      status = o.status;
+      return;
+    }
+    const double n = runs;
+    if (time_based) {
+      bw_bytes = (bw_bytes * n + o.bw_bytes) / (n + 1);
+      iops = (iops * n + o.iops) / (n + 1);
+    } else {
+      bw_bytes = (n + 1) / (n / std::max(bw_bytes, 1e-9) + 1 / std::max(o.bw_bytes, 1e-9));
+      iops = (n + 1) / (n / std::max(iops, 1e-9) + 1 / std::max(o.iops, 1e-9));
+    }
+    p50_ms = (p50_ms * n + o.p50_ms) / (n + 1);
+    p99_ms = (p99_ms * n + o.p99_ms) / (n + 1);
+    ++runs;
+  }
   nlohmann::json to_json() const {
     return {{"ok", status.ok()},
             {"gbs", bw_bytes / 1e9},
@@ -133,6 +169,7 @@ struct FioResult {
             {"clat_p50_ms", p50_ms},
             {"clat_p99_ms", p99_ms},
             {"command", command},
+            {"runs", runs},
             {"error", status.ok() ? "" : status.to_string()}};
   }
 };
@@ -202,10 +239,13 @@ class StoreBench {
     dest_.assign(threads_, std::vector<uint8_t>(batch_ * bs_));
   }
 
+  // Every block under fresh keys (the previous round's blocks are removed first, untimed).
   PhaseResult put() {
+    if (put_phase_ != 0) remove_phase(put_phase_, n_blocks_);
+    put_phase_ = put_phase_ == 0 ? 3 : put_phase_ + 1;
     const uint64_t n_batches = (n_blocks_ + batch_ - 1) / batch_;
     return run_phase(threads_, n_batches, 0, client_, remote_, [&](int, uint64_t b) {
-      return put_blocks(1, b * batch_, std::min(batch_, n_blocks_ - b * batch_), bs_);
+      return put_blocks(put_phase_, b * batch_, std::min(batch_, n_blocks_ - b * batch_), bs_);
     });
   }
 
@@ -217,16 +257,20 @@ class StoreBench {
     return run_phase(threads_, n_batches, 0, client_, remote_, [&](int t, uint64_t b) {
       std::vector<uint64_t> which(order.begin() + b * batch_,
                                   order.begin() + std::min(n_blocks_, (b + 1) * batch_));
-      return get_blocks(t, which, 1, bs_);
+      return get_blocks(t, which, put_phase_, bs_);
     });
   }
 
-  PhaseResult rand4k() {  // 4 KiB random reads over a data set of --rand-bytes
+  void prepare_rand4k() {  // the data set of the 4 KiB phase
     for (uint64_t first = 0; first < n_small_; first += 1024) {
       (void)put_blocks(2, first, std::min<uint64_t>(1024, n_small_ - first), 4096);
     }
+  }
+
+  PhaseResult rand4k() {  // 4 KiB random reads over a data set of --rand-bytes
     std::vector<Rng> rngs;
-    for (int t = 0; t < threads_; ++t) rngs.emplace_back(run_ + t);
+    for (int t = 0; t < threads_; ++t) rngs.emplace_back(run_ + t + 1000003 * rand_round_);
+    ++rand_round_;
     return run_phase(threads_, 0, o_.rand_seconds, client_, remote_, [&](int t, uint64_t) {
       std::vector<uint64_t> which(batch_);
       for (auto& w : which) w = rngs[t].below(n_small_);
@@ -235,46 +279,49 @@ class StoreBench {
   }
 
   void cleanup() {
-    for (uint64_t phase : {1, 2}) {
-      const uint64_t n = phase == 1 ? n_blocks_ : n_small_;
-      for (uint64_t first = 0; first < n; first += 4096) {
-        std::vector<KvKey> keys;
-        for (uint64_t i = first; i < std::min(n, first + 4096); ++i) keys.push_back(key_for(run_, phase, i));
-        (void)kv_.remove(keys);
-      }
-    }
+    if (put_phase_ != 0) remove_phase(put_phase_, n_blocks_);
+    remove_phase(2, n_small_);
+    if (!fio_file_.empty()) std::filesystem::remove(fio_file_);
   }
 
   // The same jobs with fio on the target's filesystem (needs the target path on this machine).
-  void fio(const std::string& target, FioResult& write, FioResult& read, FioResult& rand) const {
-    if (o_.no_fio) {
-      write.status = read.status = rand.status = cancelled("--no-fio");
-      return;
-    }
+  // fio_write() lays out the file that fio_read() and fio_rand() read.
+  Status fio_usable(const std::string& target) {
+    if (o_.no_fio) return cancelled("--no-fio");
     if (!std::filesystem::is_directory(target)) {
-      write.status = read.status = rand.status =
-          unavailable("target path '{}' is not on this machine: run the bench on the server's host", target);
-      return;
+      return unavailable("target path '{}' is not on this machine: run the bench on the server's host", target);
     }
-    const std::string file = fmt::format("{}/fio-bench-{}.tmp", target, getpid());
-    const std::string common = fmt::format(
-        "--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", file, queue_depth());
+    fio_file_ = fmt::format("{}/fio-bench-{}.tmp", target, getpid());
     std::fprintf(stderr, "store bench: fio on %s (queue depth %llu)\n", target.c_str(),
                  static_cast<unsigned long long>(queue_depth()));
-    write = run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", common, bs_,
-                                n_blocks_ * bs_, batch_),
-                    true);
-    read = run_fio(fmt::format("{} --rw=randread --bs={} --size={}", common, bs_, n_blocks_ * bs_), false);
-    rand = run_fio(fmt::format("{} --rw=randread --bs=4k --size={} --runtime={} --time_based", common,
+    return {};
+  }
+  FioResult fio_write() const {
+    return run_fio(fmt::format("{} --rw=write --bs={} --size={} --fdatasync={} --end_fsync=1", fio_common(), bs_,
+                               n_blocks_ * bs_, batch_),
+                   true);
+  }
+  FioResult fio_read() const {
+    return run_fio(fmt::format("{} --rw=randread --bs={} --size={}", fio_common(), bs_, n_blocks_ * bs_), false);
+  }
+  FioResult fio_rand() const {
+    return run_fio(fmt::format("{} --rw=randread --bs=4k --size={} --runtime={} --time_based", fio_common(),
                                n_small_ * 4096, o_.rand_seconds),
                    false);
-    std::filesystem::remove(file);
   }
 
   uint64_t queue_depth() const { return static_cast<uint64_t>(threads_) * batch_; }
   uint64_t blocks() const { return n_blocks_; }
 
  private:
+  void remove_phase(uint64_t phase, uint64_t n) {
+    for (uint64_t first = 0; first < n; first += 4096) {
+      std::vector<KvKey> keys;
+      for (uint64_t i = first; i < std::min(n, first + 4096); ++i) keys.push_back(key_for(run_, phase, i));
+      (void)kv_.remove(keys);
+    }
+  }
+
   BatchOutcome put_blocks(uint64_t phase, uint64_t first, uint64_t count, uint64_t size) {
     std::vector<KvKey> keys;
     std::vector<std::span<const uint8_t>> values;
@@ -316,11 +363,20 @@ class StoreBench {
   Rng rng_;
   std::vector<uint8_t> pool_;
   std::vector<std::vector<uint8_t>> dest_;
+  std::string fio_file_;
+  uint64_t rand_round_ = 0;
+  uint64_t put_phase_ = 0;  // key space of the blocks now stored (3, 4, ...: one per put round)
+
+  std::string fio_common() const {
+    return fmt::format("--filename={} --direct=1 --ioengine=io_uring --iodepth={} --name=job", fio_file_,
+                       queue_depth());
+  }
 };
 
 struct Report {
   PhaseResult put, get, rand4k;
   FioResult fio_write, fio_read, fio_rand;
+  nlohmann::json rounds = nlohmann::json::array();  // per round: ours and fio's read figures
   double ratio(double a, double b) const { return b > 0 ? a / b : 0.0; }
   double put_fraction() const { return ratio(put.gbs(), fio_write.bw_bytes / 1e9); }
   double get_fraction() const { return ratio(get.gbs(), fio_read.bw_bytes / 1e9); }
@@ -346,13 +402,14 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
                         {"get_fraction_of_fio", r.get_fraction()},
                         {"put_fraction_of_fio", r.put_fraction()},
                         {"rand4k_iops_fraction_of_fio", r.iops_fraction()},
+                        {"rounds", r.rounds},
                         {"errors", r.errors()}};
     print_json_line(j.dump());
     return;
   }
-  std::printf("store bench: %s blocks, %lld threads x batch %lld (queue depth %llu), target %s\n",
+  std::printf("store bench: %s blocks, %lld threads x batch %lld (queue depth %llu), %zu rounds, target %s\n",
               format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
-              static_cast<unsigned long long>(qd), target.c_str());
+              static_cast<unsigned long long>(qd), r.rounds.size(), target.c_str());
   std::printf(
       "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
       "%.0f%%\n",
@@ -382,7 +439,8 @@ int run_store_bench(int argc, char** argv) {
   args.option("--batch", &o.batch, "blocks per request");
   args.option("--threads", &o.threads, "requests in flight (client threads)");
   args.option("--bytes", &o.bytes, "bytes put then read back", "SIZE");
-  args.option("--rand-seconds", &o.rand_seconds, "duration of the 4 KiB random-read phase", "S");
+  args.option("--rounds", &o.rounds, "rounds, each phase next to its fio job (order alternating)");
+  args.option("--rand-seconds", &o.rand_seconds, "duration of each round's 4 KiB random-read phase", "S");
   args.option("--rand-bytes", &o.rand_bytes, "data set of the 4 KiB random-read phase", "SIZE");
   args.flag("--no-fio", &o.no_fio, "skip the fio baseline");
   args.flag("--json", &o.json, "print one JSON object");
@@ -395,9 +453,11 @@ int run_store_bench(int argc, char** argv) {
   for (const auto* r : {&block, &total, &rand_total}) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
-  if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block) {
-    return fail(args.command(), invalid_argument("need 0 < --block-size <= 64M, --batch and --threads >= 1, "
-                                                 "and --bytes >= --block-size"));
+  if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block || o.rounds < 1 ||
+      !(o.rand_seconds > 0)) {
+    return fail(args.command(),
+                invalid_argument("need 0 < --block-size <= 64M, --batch, --threads and --rounds >= 1, "
+                                 "--bytes >= --block-size and --rand-seconds > 0"));
   }
   // The server: a running one, or one in this process.
   std::unique_ptr<storage::StorageServer> local;
@@ -422,11 +482,43 @@ int run_store_bench(int argc, char** argv) {
                static_cast<unsigned long long>(bench.blocks()), format_bytes(*block).c_str(),
                static_cast<long long>(o.threads), static_cast<long long>(o.batch));
   Report r;
-  r.put = bench.put();
-  r.get = bench.get();
-  r.rand4k = bench.rand4k();
+  const Status fio_ok = bench.fio_usable(target);
+  if (!fio_ok.ok()) r.fio_write.status = r.fio_read.status = r.fio_rand.status = fio_ok;
+  bench.prepare_rand4k();
+  // Each round pairs every phase with its fio job, alternating which runs first; a round's get
+  // reads back what its put wrote.
+  ProgressBar bar({.label = "store bench rounds", .total = static_cast<uint64_t>(o.rounds)});
+  for (int64_t round = 0; round < o.rounds; ++round) {
+    PhaseResult put, get, rand;
+    FioResult fwrite, fread, frand;
+    const bool fio_first = round % 2 != 0;
+    auto pair = [&](auto&& ours, auto&& theirs) {
+      if (fio_first && fio_ok.ok()) theirs();
+      ours();
+      if (!fio_first && fio_ok.ok()) theirs();
+    };
+    pair([&] { put = bench.put(); }, [&] { fwrite = bench.fio_write(); });
+    pair([&] { get = bench.get(); }, [&] { fread = bench.fio_read(); });
+    pair([&] { rand = bench.rand4k(); }, [&] { frand = bench.fio_rand(); });
+    r.put.add(put);
+    r.get.add(get);
+    r.rand4k.add(rand);
+    if (fio_ok.ok()) {
+      r.fio_write.add(fwrite, false);
+      r.fio_read.add(fread, false);
+      r.fio_rand.add(frand, true);
+    }
+    r.rounds.push_back({{"put_gbs", put.gbs()},
+                        {"fio_write_gbs", fwrite.bw_bytes / 1e9},
+                        {"get_gbs", get.gbs()},
+                        {"fio_read_gbs", fread.bw_bytes / 1e9},
+                        {"rand4k_iops", rand.iops()},
+                        {"fio_rand4k_iops", frand.iops},
+                        {"fio_first", fio_first}});
+    bar.set(static_cast<uint64_t>(round + 1));
+  }
+  bar.finish();
   bench.cleanup();
-  bench.fio(target, r.fio_write, r.fio_read, r.fio_rand);
   if (local) local->stop();
   if (!tmp_dir.empty() && o.dir.empty()) std::filesystem::remove_all(tmp_dir);
   print_report(o, r, *block, bench.queue_depth(), target, local ? "in-process" : servers[0]);

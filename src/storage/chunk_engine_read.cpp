@@ -53,12 +53,12 @@ void ChunkEngine::read_pinned(std::span<ReadPin> pins, std::span<uint8_t* const>
       which.push_back(i);
     }
   }
-  (void)files_->run(io);
-  for (size_t k = 0; k < io.size(); ++k) {
+  // Each chunk is verified as soon as its read completes, while the rest of the batch loads.
+  (void)files_->run(io, [&](size_t k) {
     ReadPin& p = pins[which[k]];
     if (!io[k].status.ok()) {
       p.status = io[k].status;
-      continue;
+      return;
     }
     const uint32_t crc = crc32c(bufs[which[k]], p.meta.length);
     if (crc != p.meta.crc32c) {
@@ -66,11 +66,11 @@ void ChunkEngine::read_pinned(std::span<ReadPin> pins, std::span<uint8_t* const>
       p.status = corrupt(
           "chunk ({} bytes at offset {} of class {} on target {} '{}'): CRC32C {:08x}, stored {:08x}",
           p.meta.length, p.meta.offset, p.meta.size_class, target_id_, params_.dir, crc, p.meta.crc32c);
-      continue;
+      return;
     }
     counters_.reads.fetch_add(1, std::memory_order_relaxed);
     counters_.read_bytes.fetch_add(p.length, std::memory_order_relaxed);
-  }
+  });
   for (ReadPin& p : pins) {
     if (p.status.ok() && p.pinned && p.meta.length == 0)
       counters_.reads.fetch_add(1, std::memory_order_relaxed);

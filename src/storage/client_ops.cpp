@@ -3,6 +3,7 @@
 // and are CRC32C-checked against what the server read from disk.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "base/check.h"
 #include "storage/chunk_engine.h"
@@ -45,10 +46,10 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
                                        .mode = static_cast<uint8_t>(w.mode),
                                        .flags = static_cast<uint8_t>(w.evictable ? 1 : 0),
                                        .ttl_s = w.ttl_s,
-                                       .length = static_cast<uint32_t>(w.data.size()),
-                                       .crc32c = crc32c(w.data.data(), w.data.size())});
+                                       .length = static_cast<uint32_t>(w.data.size())});
     }
-    // Through the connection's shared segment when the batch fits there, else in the data section.
+    // Through the connection's shared segment when the batch fits there, else in the data section;
+    // each item's CRC32C is taken as it is copied into the segment.
     c.build = [&](Call& call, const Conn& conn) {
       uint64_t total = 0;
       for (size_t i : idx) total += align_up(items[i].data.size());
@@ -58,11 +59,12 @@ void ClientImpl::write(std::span<const ChunkWrite> items, std::span<ChunkWriteRe
       for (size_t k = 0; k < idx.size(); ++k) {
         const std::span<const uint8_t> d = items[idx[k]].data;
         if (!shm) {
+          req[k].crc32c = crc32c(d.data(), d.size());
           if (!d.empty()) call.data.push_back(iovec{const_cast<uint8_t*>(d.data()), d.size()});
           continue;
         }
         req[k].shm_offset = off;
-        if (!d.empty()) std::memcpy(conn.shm + off, d.data(), d.size());
+        req[k].crc32c = crc32c_copy(conn.shm + off, d.data(), d.size());  // checksum what is sent
         std::memset(conn.shm + off + d.size(), 0, align_up(d.size()) - d.size());
         off += align_up(d.size());
       }
@@ -99,9 +101,11 @@ struct ReadCall {
   std::vector<wire::ReadRespItem> got;
   std::vector<std::vector<uint8_t>> scratch;
   std::vector<uint8_t*> where;
+  std::vector<std::optional<uint32_t>> copied_crc;  // shared-memory reads: checksummed while copied
+  bool verify;
 
-  ReadCall(std::span<const ChunkRead> i, std::span<ChunkReadResult> r, const std::vector<size_t>& x)
-      : items(i), results(r), idx(x), scratch(x.size()), where(x.size(), nullptr) {}
+  ReadCall(std::span<const ChunkRead> i, std::span<ChunkReadResult> r, const std::vector<size_t>& x, bool v)
+      : items(i), results(r), idx(x), scratch(x.size()), where(x.size(), nullptr), copied_crc(x.size()), verify(v) {}
 
   Result<std::vector<iovec>> place(const wire::Header& h, std::string_view meta, const Conn& conn) {
     const bool shm = (h.flags & wire::kFlagShm) != 0;
@@ -132,7 +136,9 @@ struct ReadCall {
       }
       if (in.dest.empty()) out.data.resize(len);
       where[k] = in.dest.empty() ? out.data.data() : in.dest.data();
-      if (shm) {
+      if (shm && verify) {
+        copied_crc[k] = crc32c_copy(where[k], conn.shm + got[k].shm_offset, len);
+      } else if (shm) {
         std::memcpy(where[k], conn.shm + got[k].shm_offset, len);
       } else {
         dest.push_back(iovec{where[k], len});
@@ -141,7 +147,7 @@ struct ReadCall {
     return dest;
   }
 
-  void finish(const Status& call_status, bool verify) {
+  void finish(const Status& call_status) {
     for (size_t k = 0; k < idx.size(); ++k) {
       ChunkReadResult& out = results[idx[k]];
       if (!call_status.ok()) {
@@ -149,7 +155,7 @@ struct ReadCall {
         continue;
       }
       if (!out.status.ok() || where[k] == nullptr || !verify) continue;
-      const uint32_t crc = crc32c(where[k], out.length);
+      const uint32_t crc = copied_crc[k] ? *copied_crc[k] : crc32c(where[k], out.length);
       if (crc != got[k].crc32c) {
         out.status = corrupt(
             "chunk '{}': CRC32C {:08x} of the received bytes, the server read {:08x} (corrupted "
@@ -197,11 +203,11 @@ void ClientImpl::read(std::span<const ChunkRead> items, std::span<ChunkReadResul
            .request_id = next_request(),
            .meta = wire::encode_read_req(req)};
     c.build = [](Call& call, const Conn& conn) { call.flags = conn.shm != nullptr ? wire::kFlagShm : 0; };
-    ReadCall rc(items, results, idx);
+    ReadCall rc(items, results, idx, params_.verify_checksums);
     auto meta = call(server, c, [&](const wire::Header& h, std::string_view m, const Conn& conn) {
       return rc.place(h, m, conn);
     });
-    rc.finish(meta.status(), params_.verify_checksums);
+    rc.finish(meta.status());
   });
 }
 

@@ -2,7 +2,9 @@
 // (compiled with -msse4.2) and is chosen at run time from cpu_features().
 #include "storage/crc32c.h"
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "base/cpu.h"
 
@@ -80,6 +82,18 @@ bool crc32c_hardware() {
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   if (crc32c_hardware()) return internal::crc32c_sse42(data, n, crc);
   return crc32c_ref(data, n, crc);
+}
+
+uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc) {
+  constexpr size_t kPiece = 64u << 10;  // well inside L2
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t at = 0; at < n; at += kPiece) {
+    const size_t len = std::min(kPiece, n - at);
+    std::memcpy(d + at, s + at, len);
+    crc = crc32c(d + at, len, crc);
+  }
+  return crc;
 }
 
 }  // namespace fathom::storage

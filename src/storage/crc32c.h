@@ -11,6 +11,10 @@ namespace fathom::storage {
 
 // Extends `crc` (the value returned for the preceding bytes; 0 for none) over data[0, n).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// Copies src[0, n) to dst (non-overlapping) and returns crc32c(src, n, crc), in one pass: each
+// piece is checksummed from the destination while it is still in cache, so the bytes cross the
+// memory bus once instead of twice (a client placing a shared-memory read verifies it this way).
+uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 // The scalar reference (byte-wise table), used by tests and on CPUs without SSE4.2.
 uint32_t crc32c_ref(const void* data, size_t n, uint32_t crc = 0);
 // CRC32C of A||B from crc32c(A), crc32c(B) and |B|, in O(log |B|) (GF(2) matrix powers).

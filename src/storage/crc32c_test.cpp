@@ -52,6 +52,21 @@ TEST(Crc32c, ExtendsAcrossSplitsLikeOneCall) {
   }
 }
 
+TEST(Crc32c, CopyChecksumsWhatItCopies) {
+  const uint64_t seed = testing::test_seed();
+  Rng rng(seed);
+  const std::string data = testing::payload(seed, 300000);  // several 64 KiB pieces
+  for (size_t len : {size_t{0}, size_t{1}, size_t{65535}, size_t{65536}, size_t{65537}, data.size() - 3}) {
+    std::string out(len + 2, '\x5a');
+    const uint32_t seed_crc = static_cast<uint32_t>(rng.next_u64());
+    EXPECT_EQ(crc32c_copy(out.data() + 1, data.data() + 3, len, seed_crc), crc32c_ref(data.data() + 3, len, seed_crc))
+        << len;
+    EXPECT_EQ(out.substr(1, len), data.substr(3, len)) << len;
+    EXPECT_EQ(out.front(), '\x5a');  // nothing written outside [dst, dst + n)
+    EXPECT_EQ(out.back(), '\x5a');
+  }
+}
+
 TEST(Crc32c, CombineJoinsTwoChecksumsLikeOneCall) {
   const uint64_t seed = testing::test_seed();
   Rng rng(seed);

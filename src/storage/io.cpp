@@ -176,7 +176,7 @@ Status DataFiles::prepare_faults(std::span<IoOp> ops) {
   return {};
 }
 
-Status DataFiles::run(std::span<IoOp> ops) {
+Status DataFiles::run(std::span<IoOp> ops, const std::function<void(size_t)>& done) {
   std::optional<std::shared_lock<std::shared_mutex>> gate;
   if (params_.faults) {
     gate.emplace(params_.faults->hold());
@@ -193,26 +193,24 @@ Status DataFiles::run(std::span<IoOp> ops) {
   }
   if (backend_ == IoBackend::kUring) {
     bool unavailable = false;
-    Status st = run_uring(ops, &unavailable);
+    Status st = run_uring(ops, &unavailable, done);
     if (!unavailable) return st;
   }
-  return run_psync(ops);
+  return run_psync(ops, done);
 }
 
-Status DataFiles::run_psync(std::span<IoOp> ops) {
+Status DataFiles::run_psync(std::span<IoOp> ops, const std::function<void(size_t)>& done) {
   Status first;
-  for (IoOp& op : ops) {
-    if (!op.status.ok()) {
-      if (first.ok()) first = op.status;
-      continue;
-    }
-    op.status = transfer_sync(files_[op.file].fd, op, 0, files_[op.file].path);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    IoOp& op = ops[i];
+    if (op.status.ok()) op.status = transfer_sync(files_[op.file].fd, op, 0, files_[op.file].path);
     if (!op.status.ok() && first.ok()) first = op.status;
+    if (done) done(i);
   }
   return first;
 }
 
-Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
+Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable, const std::function<void(size_t)>& done) {
   ThreadRing& tr = thread_ring();
   if (tr.error != 0) {  // this thread could not get a ring (e.g. locked-memory limit)
     *unavailable = true;
@@ -223,7 +221,9 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
   const unsigned depth = std::min<unsigned>(params_.queue_depth ? params_.queue_depth : 1, kRingEntries);
   size_t next = 0, inflight = 0;
   auto skip_failed = [&] {
-    while (next < n && !ops[next].status.ok()) ++next;
+    for (; next < n && !ops[next].status.ok(); ++next) {
+      if (done) done(next);
+    }
   };
   skip_failed();
   while (next < n || inflight > 0) {
@@ -246,7 +246,10 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       // The ring refuses work: fail what was not submitted, then drain what the kernel holds
       // (its buffers must not be released while it may still write into them).
-      for (; next < n; ++next) op_fail(ops[next], errno_status(-r, "io_uring_submit_and_wait"));
+      for (; next < n; ++next) {
+        op_fail(ops[next], errno_status(-r, "io_uring_submit_and_wait"));
+        if (done) done(next);
+      }
       if (inflight > 0) {
         io_uring_cqe* wait_cqe = nullptr;
         const int w = io_uring_wait_cqe(ring, &wait_cqe);
@@ -256,7 +259,9 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
     }
     io_uring_cqe* cqe = nullptr;
     unsigned head, seen = 0;
+    std::vector<size_t> finished;  // reported after the ring is advanced: done() may take time
     io_uring_for_each_cqe(ring, head, cqe) {
+      if (done) finished.push_back(cqe->user_data);
       IoOp& op = ops[cqe->user_data];
       const int res = cqe->res;
       const std::string& path = files_[op.file].path;
@@ -270,6 +275,9 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable) {
     }
     io_uring_cq_advance(ring, seen);
     inflight -= seen;
+    if (done) {
+      for (size_t i : finished) done(i);
+    }
   }
   for (const IoOp& op : ops) {
     if (!op.status.ok()) return op.status;

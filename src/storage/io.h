@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,8 +61,10 @@ class DataFiles {
 
   // Opens (creating if needed) dir/name; the same name always yields the same index.
   Result<int> open_file(const std::string& name);
-  // Runs every op; each op's status is set; returns the first failure (or ok).
-  Status run(std::span<IoOp> ops);
+  // Runs every op; each op's status is set; returns the first failure (or ok). `done(i)`, when
+  // given, runs on the calling thread once for every op as soon as op i is final (its status set),
+  // while later ops may still be in flight: a reader verifies a chunk while the rest load.
+  Status run(std::span<IoOp> ops, const std::function<void(size_t)>& done = {});
   Status sync(int file);
   Status allocate(int file, uint64_t offset, uint64_t length);  // fallocate (ENOSPC: exhausted)
   Status punch(int file, uint64_t offset, uint64_t length);     // release the blocks of a range
@@ -78,8 +81,8 @@ class DataFiles {
     int fd = -1;
   };
   explicit DataFiles(DataFilesParams params) : params_(std::move(params)) {}
-  Status run_psync(std::span<IoOp> ops);
-  Status run_uring(std::span<IoOp> ops, bool* unavailable);
+  Status run_psync(std::span<IoOp> ops, const std::function<void(size_t)>& done);
+  Status run_uring(std::span<IoOp> ops, bool* unavailable, const std::function<void(size_t)>& done);
   Status prepare_faults(std::span<IoOp> ops);
 
   DataFilesParams params_;
