@@ -57,8 +57,12 @@ inline void reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool accumu
   }
 }
 
+// `next`: the next group of R rows, prefetched at the columns this group reads (one cache line per
+// row per step): the hardware prefetcher alone left a decode's BF16 matrix-vector products (the
+// lm_head, the absorbed attention weights) 4.4% of the decode step slower.
 template <int R, int M>
-void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                 const uint16_t* next = nullptr) {
   __m512 acc[R][M];
   FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
@@ -71,6 +75,10 @@ void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   const int64_t xs = x.stride;
   // one step: 32 columns; `mask` all ones except in the last partial step
   auto step = [&](int64_t k, __mmask32 mask) {
+    if (next != nullptr) {
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T0);
+    }
     __m512bh xv[M];
     FATHOM_UNROLL
     for (int m = 0; m < M; ++m) xv[m] = as_bh(_mm512_loadu_si512(xb + m * xs + k));
@@ -89,18 +97,20 @@ void matvec_bf16(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
 
 // R weight rows against every activation row, in groups of 4, while the rows stay in L1.
 template <int R>
-void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r) {
+void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                const uint16_t* next = nullptr) {
   int64_t i = 0;
-  for (; i + 4 <= x.m; i += 4) matvec_bf16<R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r);
+  for (; i + 4 <= x.m; i += 4)
+    matvec_bf16<R, 4>(w, act_rows(x, i, 4), y + i * ldy, ldy, accumulate, r, i == 0 ? next : nullptr);
   switch (x.m - i) {
     case 1:
-      matvec_bf16<R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r);
+      matvec_bf16<R, 1>(w, act_rows(x, i, 1), y + i * ldy, ldy, accumulate, r, i == 0 ? next : nullptr);
       break;
     case 2:
-      matvec_bf16<R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r);
+      matvec_bf16<R, 2>(w, act_rows(x, i, 2), y + i * ldy, ldy, accumulate, r, i == 0 ? next : nullptr);
       break;
     case 3:
-      matvec_bf16<R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r);
+      matvec_bf16<R, 3>(w, act_rows(x, i, 3), y + i * ldy, ldy, accumulate, r, i == 0 ? next : nullptr);
       break;
     default:
       break;
@@ -110,7 +120,9 @@ void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
 void matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) matvec_all<4>(w, x, y, ldy, accumulate, r);
+  prefetch_range_l1(row_ptr(w, r0), std::min<int64_t>(4, r1 - r0) * w.cols * 2);
+  for (; r + 4 <= r1; r += 4)
+    matvec_all<4>(w, x, y, ldy, accumulate, r, r + 8 <= r1 ? row_ptr(w, r + 4) : nullptr);
   for (; r < r1; ++r) matvec_all<1>(w, x, y, ldy, accumulate, r);
 }
 

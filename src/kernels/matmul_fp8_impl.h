@@ -287,6 +287,8 @@ struct Fp8Gemm {
 template <class Conv>
 void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
               int64_t r1) {
+  // the row-wise paths' first group (the matrix-vector one's 4 rows, fp8_mv_rows' two of 2)
+  if (x.m <= kFp8MatvecMaxM) prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(4, r1 - r0) * w.cols);
   switch (x.m) {
     case 1:
       fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1);

@@ -94,6 +94,15 @@ int64_t matvec_max_m(DType dtype, SimdLevel level);
 // fp8 weights on AVX-512 BF16: the row-wise kernels run up to this m (matmul_fp8_impl.h).
 inline constexpr int64_t kFp8MatvecMaxM = 16;
 
+// Requests [p, p + bytes) into L1 at once. The row-wise kernels prefetch a group of rows ahead of
+// the rows they compute, so a range's first group would otherwise be read at DRAM latency, one
+// cache line per row per step; every task starts such a range (same-process alternating decode
+// steps, V2-Lite FP8: 3.8% for the FP8 kernels' first 4 rows, 2.2% for BF16's).
+inline void prefetch_range_l1(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
 // Per-ISA entry points (nullptr-free: each exists for the dtypes its level handles).
 void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                  int64_t r0, int64_t r1);
