@@ -2,10 +2,17 @@
 // machine's measured memory bandwidth and peak arithmetic, in the same run.
 //   decode roofline fraction  = (weight + KV bytes per token / read bandwidth) / time per token
 //   prefill roofline fraction = (FLOPs / peak of the arithmetic the weights use) / prefill time
+// The machine is measured next to the work, not minutes away from it: the read bandwidth is
+// sampled between decode steps (every --probe-every tokens; each window of tokens is held against
+// the mean of the two samples around it), and the peak right before and right after the prefill.
+// A shared VM's bandwidth moves by 2x within minutes (22-72 GB/s here), so a reading taken before
+// loading a 16 GB checkpoint says little about the seconds the decode ran in.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <vector>
 
 #include "base/progress.h"
 #include "base/rng.h"
@@ -35,7 +42,7 @@ double peak_for(DType d, const PeakCompute& p, std::string* which) {
 
 int run_bench_decode(int argc, char** argv) {
   std::string model_path, kv = "bf16";
-  int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1;
+  int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1, probe_every = 8;
   bool json_out = false;
   Args args(argv[0], "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
   args.usage("--model PATH [--prompt-tokens N] [--gen-tokens N] [--json]");
@@ -45,11 +52,14 @@ int run_bench_decode(int argc, char** argv) {
   args.option("--gen-tokens", &gen_tokens, "tokens to decode (greedy)");
   args.option("--kv-dtype", &kv, "bf16 or fp8 latent cache", "DTYPE");
   args.option("--seed", &seed, "seed of the random prompt");
+  args.option("--probe-every", &probe_every,
+              "sample the read bandwidth every N decode tokens (0: only before and after the run)");
   args.flag("--json", &json_out, "print one JSON object with raw figures and ratios");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1) return fail(args.command(), invalid_argument("token counts must be positive"));
+  if (probe_every < 0) return fail(args.command(), invalid_argument("--probe-every must be >= 0"));
   auto kv_dtype = parse_mla_kv_dtype(kv);
   if (!kv_dtype.ok()) return fail(args.command(), kv_dtype.status());
   ThreadPool& pool = default_pool();
@@ -92,6 +102,9 @@ int run_bench_decode(int argc, char** argv) {
   const SeqId seq = *seq_r;
   ProgressBar bar({"bench decode", static_cast<uint64_t>(prompt_tokens + gen_tokens), ProgressUnit::kTokens});
   double prefill_flops = 0, prefill_bytes = 0;
+  std::optional<BandwidthProbe> probe;
+  if (probe_every > 0) probe.emplace(pool);
+  const PeakCompute peak_pre = measure_peak_compute(pool, 0.1);
   Timer tp;
   for (int64_t p = 0; p < prompt_tokens; p += mo.max_batch_tokens) {
     const int64_t n = std::min(mo.max_batch_tokens, prompt_tokens - p);
@@ -102,29 +115,44 @@ int run_bench_decode(int argc, char** argv) {
     bar.add(static_cast<uint64_t>(n));
   }
   const double prefill_s = tp.elapsed_s();
-  double decode_bytes = 0, decode_flops = 0;
+  const PeakCompute peak_post = measure_peak_compute(pool, 0.1);
+  double decode_bytes = 0, decode_flops = 0, decode_s = 0;
+  // Windows of probe_every tokens between bandwidth samples: roofline seconds of each window at the
+  // mean bandwidth of the samples around it.
+  std::vector<double> samples;
+  double roofline_s = 0, window_bytes = 0;
+  if (probe) samples.push_back(probe->read_gbs());
   int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  Timer td;
   for (int64_t i = 0; i < gen_tokens; ++i) {
+    Timer one;
     auto r = run(seq, prompt_tokens + i, std::span<const int32_t>(&tok, 1));
     if (!r.ok()) return fail(args.command(), r.status());
+    decode_s += one.elapsed_s();
     decode_bytes += r->stats.weight_bytes + r->stats.kv_bytes;
+    window_bytes += r->stats.weight_bytes + r->stats.kv_bytes;
     decode_flops += r->stats.linear_flops + r->stats.attention_flops;
     tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     bar.add(1);
+    if (probe && ((i + 1) % probe_every == 0 || i + 1 == gen_tokens)) {
+      samples.push_back(probe->read_gbs());
+      roofline_s += window_bytes / ((samples[samples.size() - 2] + samples.back()) / 2 * 1e9);
+      window_bytes = 0;
+    }
   }
-  const double decode_s = td.elapsed_s();
   bar.finish();
-  // The bandwidth again after the run: on a shared VM it drifts by 2-3x over minutes, and a low
-  // reading before the run would inflate the fraction. The higher of the two is the roofline.
+  probe.reset();
+  // The full measurement again after the run (reported; the roofline without probes is the higher
+  // of the two, so that a low reading cannot inflate the fraction).
   const MemoryBandwidth bw_after = measure_memory_bandwidth(pool);
-  const MemoryBandwidth& bw = bw_after.read_gbs > bw_before.read_gbs ? bw_after : bw_before;
+  const MemoryBandwidth& bw_outer = bw_after.read_gbs > bw_before.read_gbs ? bw_after : bw_before;
+  const double bw_gbs = probe_every > 0 ? decode_bytes / roofline_s * 1e-9 : bw_outer.read_gbs;
   const double bytes_per_token = decode_bytes / static_cast<double>(gen_tokens);
   const double s_per_token = decode_s / static_cast<double>(gen_tokens);
-  const double decode_fraction = (bytes_per_token / (bw.read_gbs * 1e9)) / s_per_token;
+  const double decode_fraction = (bytes_per_token / (bw_gbs * 1e9)) / s_per_token;
   std::string arith;
   const DType wdt = model.weights().layers.back().o.dtype;
-  const double peak_g = peak_for(wdt, peak, &arith);
+  const double peak_start = peak_for(wdt, peak, &arith);
+  const double peak_g = (peak_for(wdt, peak_pre, &arith) + peak_for(wdt, peak_post, &arith)) / 2;
   const double prefill_fraction = (prefill_flops / (peak_g * 1e9)) / prefill_s;
   if (json_out) {
     nlohmann::json j = {{"model", model_path},
@@ -141,11 +169,16 @@ int run_bench_decode(int argc, char** argv) {
                         {"decode_tokens_per_s", static_cast<double>(gen_tokens) / decode_s},
                         {"decode_bytes_per_token", bytes_per_token},
                         {"decode_flops_per_token", decode_flops / static_cast<double>(gen_tokens)},
-                        {"bandwidth_gbs", bw.read_gbs},
+                        {"bandwidth_gbs", bw_gbs},
+                        {"bandwidth_samples_gbs", samples},
                         {"bandwidth_before_gbs", bw_before.read_gbs},
                         {"bandwidth_after_gbs", bw_after.read_gbs},
+                        {"decode_roofline_fraction_outer", (bytes_per_token / (bw_outer.read_gbs * 1e9)) / s_per_token},
                         {"peak_arithmetic", arith},
                         {"peak_gflops", peak_g},
+                        {"peak_before_prefill_gflops", peak_for(wdt, peak_pre, &arith)},
+                        {"peak_after_prefill_gflops", peak_for(wdt, peak_post, &arith)},
+                        {"peak_at_start_gflops", peak_start},
                         {"peak_bf16_gflops", peak.bf16_gflops},
                         {"peak_int8_gops", peak.int8_gops},
                         {"peak_f32_gflops", peak.f32_gflops},
@@ -156,10 +189,17 @@ int run_bench_decode(int argc, char** argv) {
     print_json_line(j.dump());
     return 0;
   }
-  std::printf("machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run), peak bf16 %.0f "
-              "GFLOP/s, int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
-              bw.read_gbs, bw_before.read_gbs, bw_after.read_gbs, peak.bf16_gflops, peak.int8_gops,
-              peak.f32_gflops, pool.size());
+  if (probe_every > 0) {
+    const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+    std::printf("machine: read %.1f GB/s during the decode (%zu samples, %.1f-%.1f; %.1f before loading, %.1f "
+                "after the run), %s peak %.0f around the prefill (%.0f at start) (%d threads)\n",
+                bw_gbs, samples.size(), *lo, *hi, bw_before.read_gbs, bw_after.read_gbs, arith.c_str(), peak_g,
+                peak_start, pool.size());
+  } else {
+    std::printf("machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run), %s peak %.0f "
+                "around the prefill (%.0f at start) (%d threads)\n",
+                bw_gbs, bw_before.read_gbs, bw_after.read_gbs, arith.c_str(), peak_g, peak_start, pool.size());
+  }
   std::printf("prefill: %lld tokens in %.2f s = %.1f tokens/s, %.1f GFLOP/s = %.0f%% of the %s peak\n",
               static_cast<long long>(prompt_tokens), prefill_s, static_cast<double>(prompt_tokens) / prefill_s,
               prefill_flops / prefill_s * 1e-9, prefill_fraction * 100, arith.c_str());

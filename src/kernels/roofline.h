@@ -9,6 +9,7 @@
 
 #include "base/cpu.h"
 #include "base/thread_pool.h"
+#include "tensor/tensor.h"
 
 namespace fathom {
 
@@ -22,6 +23,20 @@ struct MemoryBandwidth {
 
 // Best of `repeats` passes over a fresh `bytes`-sized buffer (default 1 GiB, > LLC).
 MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool, uint64_t bytes = uint64_t{1} << 30, int repeats = 3);
+
+// A read-bandwidth probe over one buffer kept for the run, cheap enough (two sweeps of 512 MiB,
+// a few tens of ms) to sample between steps of a benchmark: on a shared VM the bandwidth moves by
+// 2x within minutes, so speed and bandwidth compare honestly only when measured seconds apart.
+class BandwidthProbe {
+ public:
+  explicit BandwidthProbe(ThreadPool& pool, uint64_t bytes = uint64_t{512} << 20);
+  double read_gbs(int passes = 2);  // best of `passes` read sweeps, GB/s
+
+ private:
+  ThreadPool& pool_;
+  uint64_t bytes_;
+  Buffer buf_;
+};
 
 struct PeakCompute {
   double bf16_gflops = 0;  // 2 FLOP per bf16 product; vdpbf16ps path or the best emulation
