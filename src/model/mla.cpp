@@ -69,6 +69,26 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
   return {};
 }
 
+// Head h's rows [h * rows, (h + 1) * rows) of `w` times its slice of every token's x (at
+// x + h * x_head, stride x_stride) into y + h * y_head (stride y_stride), one pool task per head:
+// each head's matrix (W_UK^T, W_UV: 128 KiB in BF16 for V2/V3) is too small for matmul to split, so
+// head after head ran on the calling thread while the others waited (a twelfth of a V2-Lite decode
+// step).
+Status Model::Impl::per_head_matmul(const WeightView& w, int64_t rows, const float* x, int64_t x_head,
+                                    int64_t x_stride, int64_t m, float* y, int64_t y_head, int64_t y_stride) {
+  const int64_t H = w.rows / rows;
+  std::vector<WeightView> heads(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) heads[static_cast<size_t>(h)] = TRY(slice_rows(w, h * rows, (h + 1) * rows));
+  stats.weight_bytes += static_cast<double>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.rows * w.cols)));
+  stats.linear_flops += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(m);
+  ThreadPool& pool = default_pool();
+  pool.run(H, [&](int64_t h, int) {  // matmul runs inline inside a pool task
+    matmul(heads[static_cast<size_t>(h)], x + h * x_head, m, y + h * y_head, pool,
+           {.x_stride = x_stride, .y_stride = y_stride});
+  });
+  return {};
+}
+
 // Absorbed form: q_lat = W_UK^T q_nope per head, attention over the latent cache, W_UV after.
 Status Model::Impl::attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
                                        std::span<const int64_t> rows, KvCache& cache) {
@@ -103,10 +123,7 @@ Status Model::Impl::attention_absorbed(const LayerWeights& L, int64_t layer, std
                     s.q.data() + src * H * qk, static_cast<size_t>(H * qk) * 4);
       }
     }
-    for (int64_t h = 0; h < H; ++h) {
-      const WeightView wuk = TRY(slice_rows(L.w_uk_t, h * kvl, (h + 1) * kvl));
-      mm(wuk, s.dq.data() + h * qk, M, s.dq_abs.data() + h * dqk, {.x_stride = H * qk, .y_stride = H * dqk});
-    }
+    TRY(per_head_matmul(L.w_uk_t, kvl, s.dq.data(), qk, H * qk, M, s.dq_abs.data(), dqk, H * dqk));
     for (int64_t t = 0; t < M; ++t) {
       for (int64_t h = 0; h < H; ++h) {
         std::memcpy(s.dq_abs.data() + (t * H + h) * dqk + kvl, s.dq.data() + t * H * qk + h * qk + nope,
@@ -138,10 +155,7 @@ Status Model::Impl::attention_absorbed(const LayerWeights& L, int64_t layer, std
       stats.attention_flops += 2.0 * static_cast<double>(s_q * H) * keys * static_cast<double>(dqk + kvl);
       stats.kv_bytes += keys * static_cast<double>(cache.format().token_bytes());
     }
-    for (int64_t h = 0; h < H; ++h) {
-      const WeightView wuv = TRY(slice_rows(L.w_v, h * vd, (h + 1) * vd));
-      mm(wuv, s.d_olat.data() + h * kvl, M, s.d_out.data() + h * vd, {.x_stride = H * kvl, .y_stride = H * vd});
-    }
+    TRY(per_head_matmul(L.w_v, vd, s.d_olat.data(), kvl, H * kvl, M, s.d_out.data(), vd, H * vd));
     for (size_t k = g0; k < g1; ++k) {
       for (int64_t i = 0; i < s_q; ++i) {
         const int64_t dst = rows[row_start[order[k]] + static_cast<size_t>(i)];

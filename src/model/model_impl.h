@@ -44,6 +44,8 @@ Result<EpMoePtr> ep_moe_create(const ModelConfig& c, const ModelOptions& o);
 struct Model::Impl {
   // Counts what a forward call reads and computes (for the roofline in benchmarks).
   ForwardStats stats;
+  Status per_head_matmul(const WeightView& w, int64_t rows, const float* x, int64_t x_head, int64_t x_stride,
+                         int64_t m, float* y, int64_t y_head, int64_t y_stride);
   void mm(const WeightView& w, const float* x, int64_t m, float* y, const MatmulOptions& o = {}) {
     stats.weight_bytes += static_cast<double>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.rows * w.cols)));
     stats.linear_flops += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(m);
