@@ -6,9 +6,11 @@
 // are prepared in (ActView::bf16_perm64): natural order for the register table, and for VBMI the
 // byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
 // each 128-column block is summed in fp32 and multiplied by its scale.
-//  - m <= 2: row-wise matrix-vector, R rows x M activation rows, 64 columns per step.
-//  - 3 <= m <= kFp8MatvecMaxM (16): row-wise too, two weight rows against chunks of up to four
-//    activation rows (fp8_mv_rows).
+//  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step.
+//  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too, two weight rows against chunks of up to four
+//    activation rows (fp8_mv_rows). m = 2 went through fp8_matvec_rows<2> before, whose
+//    one-thread cache-resident ceiling was half of fp8_mv_rows' (17.8 against 35.1 GB/s, `bench
+//    gemm --dtype fp8 --m 2 --n 1408 --k 2048 --ceiling`).
 //  - m > 16: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
 //    k-block, converted once) and the block scale applied per column in the epilogue.
 #pragma once
@@ -148,7 +150,7 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, M, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
 
-// 3 <= m <= 16 (a few tokens per expert in a batched decode): fp8_mv_chunk over chunks of at most
+// 2 <= m <= 16 (a few tokens per expert in a batched decode): fp8_mv_chunk over chunks of at most
 // kChunk activation rows, one chain each (two weight rows by four activation rows keep
 // accumulators, operands and the converter's tables within the 32 registers). Without this, 5-16
 // rows went through the GEMM, which converts and transposes a whole panel for a handful of rows
@@ -295,9 +297,6 @@ void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   switch (x.m) {
     case 1:
       fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    case 2:
-      fp8_matvec_rows<Conv, 2>(w, x, y, ldy, accumulate, r0, r1);
       return;
     default:
       if (x.m <= kFp8MatvecMaxM) {
