@@ -102,8 +102,6 @@ int run_bench_decode(int argc, char** argv) {
   const SeqId seq = *seq_r;
   ProgressBar bar({"bench decode", static_cast<uint64_t>(prompt_tokens + gen_tokens), ProgressUnit::kTokens});
   double prefill_flops = 0, prefill_bytes = 0;
-  std::optional<BandwidthProbe> probe;
-  if (probe_every > 0) probe.emplace(pool);
   const PeakCompute peak_pre = measure_peak_compute(pool, 0.1);
   Timer tp;
   for (int64_t p = 0; p < prompt_tokens; p += mo.max_batch_tokens) {
@@ -121,7 +119,11 @@ int run_bench_decode(int argc, char** argv) {
   // mean bandwidth of the samples around it.
   std::vector<double> samples;
   double roofline_s = 0, window_bytes = 0;
-  if (probe) samples.push_back(probe->read_gbs());
+  std::optional<BandwidthProbe> probe;
+  if (probe_every > 0) {
+    probe.emplace(pool);
+    samples.push_back(probe->read_gbs());
+  }
   int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   for (int64_t i = 0; i < gen_tokens; ++i) {
     Timer one;
@@ -151,8 +153,9 @@ int run_bench_decode(int argc, char** argv) {
   const double decode_fraction = (bytes_per_token / (bw_gbs * 1e9)) / s_per_token;
   std::string arith;
   const DType wdt = model.weights().layers.back().o.dtype;
-  const double peak_start = peak_for(wdt, peak, &arith);
-  const double peak_g = (peak_for(wdt, peak_pre, &arith) + peak_for(wdt, peak_post, &arith)) / 2;
+  const double peak_start = peak_for(wdt, peak, &arith), peak_before = peak_for(wdt, peak_pre, &arith),
+               peak_after = peak_for(wdt, peak_post, &arith);
+  const double peak_g = (peak_before + peak_after) / 2;
   const double prefill_fraction = (prefill_flops / (peak_g * 1e9)) / prefill_s;
   if (json_out) {
     nlohmann::json j = {{"model", model_path},
@@ -176,8 +179,8 @@ int run_bench_decode(int argc, char** argv) {
                         {"decode_roofline_fraction_outer", (bytes_per_token / (bw_outer.read_gbs * 1e9)) / s_per_token},
                         {"peak_arithmetic", arith},
                         {"peak_gflops", peak_g},
-                        {"peak_before_prefill_gflops", peak_for(wdt, peak_pre, &arith)},
-                        {"peak_after_prefill_gflops", peak_for(wdt, peak_post, &arith)},
+                        {"peak_before_prefill_gflops", peak_before},
+                        {"peak_after_prefill_gflops", peak_after},
                         {"peak_at_start_gflops", peak_start},
                         {"peak_bf16_gflops", peak.bf16_gflops},
                         {"peak_int8_gops", peak.int8_gops},

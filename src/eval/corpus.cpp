@@ -234,5 +234,4 @@ Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const Tokeniz
   return r;
 }
 
-
 }  // namespace fathom::eval

@@ -87,7 +87,6 @@ struct TokenizeCorpusResult {
 // val_fraction, so identical documents never straddle the split. Deterministic.
 Result<TokenizeCorpusResult> tokenize_corpus(const Tokenizer& tok, const TokenizeCorpusParams& params);
 
-
 // ---- Unigram baseline ---------------------------------------------------------------------------
 
 struct UnigramResult {
@@ -101,7 +100,6 @@ struct UnigramResult {
 Result<UnigramResult> unigram_baseline(std::span<const int32_t> train, std::span<const int32_t> val,
                                        int64_t vocab_size, std::span<const uint8_t> train_mask = {},
                                        std::span<const uint8_t> val_mask = {});
-
 
 // ---- Tool-use evaluation ------------------------------------------------------------------------
 

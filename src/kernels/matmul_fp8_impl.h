@@ -132,11 +132,12 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
-template <class Conv, int M>
+// m = 1: four weight rows at a time, two accumulation chains each.
+template <class Conv>
 void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                      int64_t r0, int64_t r1) {
   const Conv conv;
-  constexpr int R = M == 1 ? 4 : 2;
+  constexpr int R = 4;
   // Rows 4 groups ahead are prefetched (the ones in between were requested before): 1 group ahead
   // left a V2-Lite FP8 decode step 3.8% slower, 8 groups ahead (64 KiB, more than L1) 3.7% slower.
   constexpr int64_t kAhead = 4 * R;
@@ -144,10 +145,10 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
     const int64_t nr = std::min<int64_t>(R, r1 - (r + kAhead));
-    fp8_mv_chunk<Conv, R, M, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
+    fp8_mv_chunk<Conv, R, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
                                 nr > 0 ? fp8_row(w, r + kAhead) : nullptr, static_cast<int>(nr));
   }
-  for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, M, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
+  for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
 
 // 2 <= m <= 16 (a few tokens per expert in a batched decode): fp8_mv_chunk over chunks of at most
@@ -296,7 +297,7 @@ void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
               int64_t r1) {
   switch (x.m) {
     case 1:
-      fp8_matvec_rows<Conv, 1>(w, x, y, ldy, accumulate, r0, r1);
+      fp8_matvec_rows<Conv>(w, x, y, ldy, accumulate, r0, r1);
       return;
     default:
       if (x.m <= kFp8MatvecMaxM) {

@@ -80,8 +80,11 @@ MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool, uint64_t bytes, int r
   return r;
 }
 
+// bytes_ is a whole number of 4 KiB pages per thread, so timed_slices sweeps all of it.
 BandwidthProbe::BandwidthProbe(ThreadPool& pool, uint64_t bytes)
-    : pool_(pool), bytes_(std::max<uint64_t>(bytes / 4096 * 4096, 4096)), buf_(Buffer::allocate(bytes_)) {
+    : pool_(pool),
+      bytes_(std::max<uint64_t>(bytes / (4096u * pool.size()), 1) * 4096u * pool.size()),
+      buf_(Buffer::allocate(bytes_)) {
   timed_slices(pool_, bytes_, [&](uint64_t off, uint64_t n) { std::memset(buf_.data() + off, 1, n); });
 }
 
@@ -91,8 +94,7 @@ double BandwidthProbe::read_gbs(int passes) {
   for (int i = 0; i < std::max(passes, 1); ++i) {
     const double s = timed_slices(
         pool_, bytes_, [&](uint64_t off, uint64_t n) { sink.fetch_xor(read_sweep(buf_.data() + off, n)); });
-    best = std::max(best, static_cast<double>(bytes_ / static_cast<uint64_t>(pool_.size()) / 4096 * 4096) *
-                              pool_.size() / s * 1e-9);
+    best = std::max(best, static_cast<double>(bytes_) / s * 1e-9);
   }
   if (sink.load() == 42) best += 0;  // keep the sweeps alive
   return best;

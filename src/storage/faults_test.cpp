@@ -6,13 +6,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <map>
 #include <optional>
 #include <thread>
 
+#include "storage/buffer.h"
 #include "storage/chunk_engine.h"
+#include "storage/io.h"
 #include "storage/test_util.h"
 
 namespace fathom::storage {
@@ -198,6 +202,48 @@ TEST(InjectedFailures, AFailedReadReturnsAnErrorNotData) {
   faults.add_rule(FaultRule{.op = FaultOp::kDataRead, .count = 1});
   EXPECT_EQ(e->read("a").status().code(), StatusCode::kIoError);
   EXPECT_EQ(*e->read("a"), payload(1, 8192));
+}
+
+// DataFiles::run's completion callback, on both backends: called once for every op, an injected
+// failure included, and only once the op is final (a read's bytes are in its buffer by then).
+TEST(DataFiles, ReportsEveryOpOnceWhenItIsFinal) {
+  for (IoBackend backend : {IoBackend::kUring, IoBackend::kPsync}) {
+    SCOPED_TRACE(std::string(io_backend_name(backend)));
+    TempDir dir;
+    FaultInjector faults;
+    auto files = DataFiles::open({.dir = dir.sub("data"), .backend = backend, .faults = &faults}).value();
+    const int f = files->open_file("class00.dat").value();
+    constexpr int kOps = 9;
+    constexpr uint32_t kLen = 8192;
+    ASSERT_TRUE(files->allocate(f, 0, uint64_t{kOps} * kLen).ok());
+    AlignedBuffer out = AlignedBuffer::allocate(size_t{kOps} * kLen).value();
+    AlignedBuffer in = AlignedBuffer::allocate(size_t{kOps} * kLen).value();
+    std::vector<IoOp> ops(kOps);
+    for (int i = 0; i < kOps; ++i) {
+      const std::string p = payload(static_cast<uint64_t>(i) + 1, kLen);
+      std::memcpy(out.data() + size_t{kLen} * i, p.data(), kLen);
+      ops[i] = IoOp{.file = f, .write = true, .offset = uint64_t{kLen} * i, .buf = out.data() + size_t{kLen} * i,
+                    .length = kLen};
+    }
+    ASSERT_TRUE(files->run(ops).ok());
+    ASSERT_TRUE(files->sync(f).ok());
+    for (int i = 0; i < kOps; ++i) {
+      ops[i].write = false;
+      ops[i].buf = in.data() + size_t{kLen} * i;
+    }
+    std::memset(in.data(), 0, in.size());
+    faults.add_rule(FaultRule{.op = FaultOp::kDataRead, .skip = 3, .count = 1});  // the fourth read fails
+    std::vector<int> calls(kOps, 0);
+    const Status st = files->run(ops, [&](size_t i) {
+      ++calls[i];
+      if (ops[i].status.ok()) {
+        EXPECT_EQ(0, std::memcmp(ops[i].buf, out.data() + size_t{kLen} * i, kLen)) << "op " << i;
+      }
+    });
+    EXPECT_FALSE(st.ok());
+    for (int i = 0; i < kOps; ++i) EXPECT_EQ(calls[i], 1) << "op " << i;
+    EXPECT_EQ(std::count_if(ops.begin(), ops.end(), [](const IoOp& op) { return !op.status.ok(); }), 1);
+  }
 }
 
 TEST(InjectedFailures, RulesSkipAndCountAndMatchPaths) {

@@ -220,6 +220,7 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable, const std::f
   const size_t n = ops.size();
   const unsigned depth = std::min<unsigned>(params_.queue_depth ? params_.queue_depth : 1, kRingEntries);
   size_t next = 0, inflight = 0;
+  std::vector<size_t> finished;  // completions reported after the ring is advanced: done() may take time
   auto skip_failed = [&] {
     for (; next < n && !ops[next].status.ok(); ++next) {
       if (done) done(next);
@@ -259,7 +260,7 @@ Status DataFiles::run_uring(std::span<IoOp> ops, bool* unavailable, const std::f
     }
     io_uring_cqe* cqe = nullptr;
     unsigned head, seen = 0;
-    std::vector<size_t> finished;  // reported after the ring is advanced: done() may take time
+    finished.clear();
     io_uring_for_each_cqe(ring, head, cqe) {
       if (done) finished.push_back(cqe->user_data);
       IoOp& op = ops[cqe->user_data];
