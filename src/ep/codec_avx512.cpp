@@ -54,20 +54,64 @@ inline __m128i e4m3_encode16(__m512 v) {
   return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
 }
 
-// A whole group of 128 values stays in eight registers between the amax and the encoding.
-void encode_fp8_group(const void* src, bool bf16, int64_t g0, uint8_t* dst, float* scale) {
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+// Four vectors of codes (0..255 in 32-bit lanes) as 64 bytes in order: two saturating packs work
+// within 128-bit lanes, so byte lane L holds dwords (c0, c1, c2, c3) of lane L; one permute puts
+// each vector's 16 bytes back together.
+inline void store_codes64(uint8_t* dst, __m512i c0, __m512i c1, __m512i c2, __m512i c3) {
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(idx, b));
+}
+
+// e4m3 codes of 16 finite values with |v| <= 448 (1 + 2^-22): no NaN or saturation cases, so the
+// code is the rounded exponent-and-mantissa field, or the subnormal x * 512 rounded, plus the sign.
+inline __m512i e4m3_finite16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(a, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7ffff)));
+  __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960));
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x3c800000));  // < 2^-6
+  if (sub != 0)
+    code = _mm512_mask_cvtps_epi32(code, sub, _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)));
+  // code | ((bits >> 24) & 0x80)
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xf8);
+}
+
+// A whole group of 128 values stays in eight registers between the amax and the encoding. The
+// amax is an integer max over the magnitudes' bits (the same order as floats for finite values);
+// a group holding NaN or inf takes the general encoder.
+__attribute__((always_inline)) inline void encode_fp8_group(const void* src, bool bf16, int64_t g0, uint8_t* dst,
+                                                           float* scale) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   __m512 v[8];
-  __m512 vmax = _mm512_setzero_ps();
+  __m512i vmax = _mm512_setzero_si512();
+#pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) {
     v[j] = load16(src, bf16, g0 + 16 * j, __mmask16(0xffff));
-    vmax = _mm512_max_ps(vmax, _mm512_and_ps(v[j], abs_mask));
+    vmax = _mm512_max_epu32(vmax, _mm512_and_si512(_mm512_castps_si512(v[j]), abs_mask));
   }
-  const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
+  const uint32_t amax_bits = _mm512_reduce_max_epu32(vmax);
+  if (amax_bits >= 0x7f800000u) {
+    __m512 fmax = _mm512_setzero_ps();
+    for (int j = 0; j < 8; ++j) fmax = _mm512_max_ps(fmax, _mm512_and_ps(v[j], _mm512_castsi512_ps(abs_mask)));
+    const float amax = std::max(_mm512_reduce_max_ps(fmax), 1e-4f);
+    const __m512 inv = _mm512_set1_ps(448.0f / amax);
+    *scale = amax / 448.0f;
+    for (int j = 0; j < 8; ++j)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g0 + 16 * j), e4m3_encode16(_mm512_mul_ps(v[j], inv)));
+    return;
+  }
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
+  amax = std::max(amax, 1e-4f);
   const __m512 inv = _mm512_set1_ps(448.0f / amax);
   *scale = amax / 448.0f;
-  for (int j = 0; j < 8; ++j)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g0 + 16 * j), e4m3_encode16(_mm512_mul_ps(v[j], inv)));
+  __m512i c[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) c[j] = e4m3_finite16(_mm512_mul_ps(v[j], inv));
+  store_codes64(dst + g0, c[0], c[1], c[2], c[3]);
+  store_codes64(dst + g0 + 64, c[4], c[5], c[6], c[7]);
 }
 
 void encode_fp8(const void* src, bool bf16, int64_t n, uint8_t* dst, float* scales) {

@@ -66,6 +66,34 @@ TEST(EpCodec, Avx512EncodeMatchesTheReferenceBitForBit) {
     }
 }
 
+// A group holding NaN or inf leaves the fast path; the finite groups around it still match the
+// reference bit for bit, and the bad group's finite values keep their signs.
+TEST(EpCodec, Avx512Fp8GroupsWithNanOrInfDoNotDisturbTheirNeighbours) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  Rng rng(print_seed("fp8 non-finite"));
+  const int64_t n = 512;
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<float> x = random_row(rng, n);
+    const int64_t bad = 128 * static_cast<int64_t>(rng.below(4));
+    x[static_cast<size_t>(bad + rng.below(128))] = rng.below(2) ? INFINITY : NAN;
+    std::vector<uint8_t> a(static_cast<size_t>(n)), b(a.size());
+    std::vector<float> sa(4), sb(4);
+    encode_row_ref(x.data(), false, WireFormat::kFP8, n, a.data(), sa.data());
+    encode_row_avx512(x.data(), false, WireFormat::kFP8, n, b.data(), sb.data());
+    for (int64_t g = 0; g < 4; ++g) {
+      if (g * 128 == bad) continue;
+      ASSERT_EQ(sa[static_cast<size_t>(g)], sb[static_cast<size_t>(g)]) << "group " << g;
+      ASSERT_EQ(0, std::memcmp(a.data() + g * 128, b.data() + g * 128, 128)) << "group " << g;
+    }
+    for (int64_t i = bad; i < bad + 128; ++i) {
+      const float v = x[static_cast<size_t>(i)];
+      if (std::isfinite(v) && v != 0.0f) {
+        ASSERT_EQ(std::signbit(v), (b[static_cast<size_t>(i)] & 0x80) != 0) << i;
+      }
+    }
+  }
+}
+
 TEST(EpCodec, Avx512E4m3EncoderMatchesTheScalarOneOnArbitraryValues) {
   if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Rng rng(print_seed("e4m3"));
