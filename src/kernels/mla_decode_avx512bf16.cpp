@@ -94,26 +94,28 @@ void dequant_group(const uint8_t* src, float scale, int begin, int end, uint16_t
 // fp8 tokens -> bf16 [nt][D] in s.k.
 MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
                        const uint8_t* next) {
-  if (f.dtype == MlaKvDType::kBF16) return {page, f.token_bytes(), next};  // QK prefetches `next`
+  if (f.dtype == MlaKvDType::kBF16) return {page, f.token_bytes(), next, f.token_bytes()};
   const int D = f.d_qk(), dl = f.d_latent;
   uint16_t* kb = reinterpret_cast<uint16_t*>(s.k);
   for (int t = 0; t < nt; ++t) {
     const uint8_t* src = page + t * f.token_bytes();
     uint16_t* dst = kb + int64_t{t} * D;
-    mla_prefetch_row(next, t, f.token_bytes());
     for (int g = 0; g < f.n_scale_groups(); ++g) {
       dequant_group(src, mla_load_f32(src + f.scales_offset() + 4 * g), g * kMlaFp8GroupSize,
                     std::min(dl, (g + 1) * kMlaFp8GroupSize), dst);
     }
     std::memcpy(dst + dl, src + f.rope_offset(), size_t{2} * f.d_rope);
   }
-  return {s.k, int64_t{D} * 2};
+  // QK reads the bf16 copy for longer than this conversion took: it prefetches the next page,
+  // a line at a time between its FMAs rather than in one burst here.
+  return {s.k, int64_t{D} * 2, next, f.token_bytes()};
 }
 
 struct QkCtx {
   const uint8_t* k;     // token rows (bf16 pairs)
   int64_t k_stride;     // bytes
-  const uint8_t* next;  // the next page in place (same stride) to prefetch, or null
+  const uint8_t* next;  // the next page to prefetch, or null
+  int64_t next_stride;  // its row bytes
   const uint32_t* q;    // qp
   int64_t q_rb;         // n_dp * 16
   int n_dp;
@@ -134,14 +136,14 @@ struct QkTile {
         for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
       const uint8_t* k = c.k + t0 * c.k_stride;
       const uint32_t* q = c.q + rb0 * c.q_rb;
-      // The first column of tiles reads every token row once: it prefetches the same bytes of
-      // the next page, a cache line per 16 d-pairs.
-      const uint8_t* pf = rb0 == 0 && c.next != nullptr ? c.next + t0 * c.k_stride : nullptr;
+      // The first column of tiles reads every token row once: it prefetches the same rows of
+      // the next page, a cache line per 16 d-pairs until the row is covered.
+      const uint8_t* pf = rb0 == 0 && c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
       for (int dp = 0; dp < c.n_dp; ++dp) {
-        if (pf != nullptr && dp % 16 == 0) {
+        if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
 #pragma GCC unroll 32
           for (int i = 0; i < M; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.k_stride + dp * 4), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
         }
         __m512bh b[N];
 #pragma GCC unroll 32
@@ -170,6 +172,7 @@ struct QkQuadCtx {
   const uint8_t* k;
   int64_t k_stride;
   const uint8_t* next;  // as in QkCtx
+  int64_t next_stride;
   const uint32_t* q;    // qq
   int64_t q_group;      // n_quads * 16
   int n_quads;          // full quads of d-pairs
@@ -229,13 +232,13 @@ struct QkQuadTile {
           for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
         }
       };
-      // The same rows of the next page, a cache line per 4 quads.
-      const uint8_t* pf = c.next != nullptr ? c.next + t0 * c.k_stride : nullptr;
+      // The same rows of the next page, a cache line per 4 quads until the row is covered.
+      const uint8_t* pf = c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
       for (int g = 0; g < c.n_quads; ++g) {
-        if (pf != nullptr && g % 4 == 0) {
+        if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
 #pragma GCC unroll 32
           for (int i = 0; i < M; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.k_stride + g * 16), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + g * 16), _MM_HINT_T0);
         }
         step(g, [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); });
       }
@@ -406,11 +409,11 @@ struct Bf16Isa {
     const int n_dp = D / 2;
     const auto* q = reinterpret_cast<const uint32_t*>(s.q);
     if (rb_count == 1) {
-      const QkQuadCtx ctx{k.ptr,    k.stride, k.next, q,      int64_t{(n_dp + 3) / 4} * 16,
-                          n_dp / 4, n_dp % 4, s.s,    sstride};
+      const QkQuadCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{(n_dp + 3) / 4} * 16,
+                          n_dp / 4, n_dp % 4, s.s, sstride};
       MlaTiler<QkQuadTile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
     } else {
-      const QkCtx ctx{k.ptr, k.stride, k.next, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
+      const QkCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
       MlaTiler<QkTile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
     }
   }

@@ -180,14 +180,16 @@ struct MlaTiler {
   }
 };
 
-// Tokens of the current page as the GEMMs read them. When the GEMMs read the page in place,
-// `next` is the segment's next page (same row stride), for QK to prefetch a slice of it with each
-// slice it reads: a page read only once streams from DRAM, and rows of ~1 KiB, 64 at a time in
-// a random page order, are too short for the hardware prefetcher to run ahead of the FMAs.
+// Tokens of the current page as the GEMMs read them. `next` is the segment's next page as stored
+// (rows of next_stride bytes), for QK to prefetch a slice of it with each slice it reads: a page
+// read only once streams from DRAM, and rows of ~1 KiB, 64 at a time in a random page order, are
+// too short for the hardware prefetcher to run ahead of the FMAs. An fp8 page is converted in one
+// short pass and then read by QK from the copy, so QK prefetches for the conversion too.
 struct MlaRows {
   const uint8_t* ptr = nullptr;
   int64_t stride = 0;  // bytes between tokens
   const uint8_t* next = nullptr;
+  int64_t next_stride = 0;  // bytes between the next page's tokens (its row length: all are fetched)
 };
 
 // Prefetches the bytes of token t of `next_page` (rows of `row_bytes`) while token t of the
