@@ -67,7 +67,7 @@ void prefill_attention_block(const PrefillAttentionParams& p, ThreadPool& pool) 
   if (p.n_q == 0 || p.n_k == 0) return;
   constexpr int64_t kRowsPerTask = 32;
   const int64_t q_tiles = (p.n_q + kRowsPerTask - 1) / kRowsPerTask;
-  const bool avx512 = simd_level() >= SimdLevel::kAvx512 && p.d_v % 16 == 0 && p.d_nope + p.d_rope <= 640;
+  const bool avx512 = simd_level() >= SimdLevel::kAvx512 && p.d_v % 16 == 0;
   pool.run(p.heads * q_tiles, [&](int64_t task, int) {
     const int h = static_cast<int>(task / q_tiles);
     const int64_t b = (task % q_tiles) * kRowsPerTask;

@@ -9,8 +9,8 @@
 //   k_pe   [n_k] rows of d_rope (stride k_pe_stride), shared by all heads (MLA's single rope key)
 //   v      [n_k, heads * d_v]
 //   state  m, l [n_q, heads]; acc [n_q, heads, d_v] (init with attention_state_init)
-// AVX-512 path (keys transposed per 16-key tile, queries broadcast) and a scalar path, chosen by
-// simd_level(); both f32 with the exp of kernels/ops.h.
+// AVX-512 path (register-blocked QK and PV over 32 rows x 64 keys, attention_avx512.cpp) and a
+// scalar path, chosen by simd_level(); both f32 with the exp of kernels/ops.h.
 #pragma once
 
 #include <cstdint>

@@ -1,71 +1,214 @@
-// AVX-512 inner loop of prefill attention: per 16-key tile the keys of one head are transposed
-// once ([d][16]), every query row then gets 16 scores with broadcast FMAs, and P.V accumulates
-// over d_v with one FMA per key per 16 values.
+// AVX-512 inner loop of prefill attention, register-blocked like a GEMM. For up to 32 query rows
+// of one head and 64 keys at a time:
+//   QK:  S^T[j][r] with lanes = rows: the queries are transposed once per call (qt[d][32]), each
+//        key value is broadcast, and one tile of 8 keys x 2 row vectors keeps 16 accumulators
+//        (2 loads + 8 broadcasts per 16 FMAs).
+//   softmax: lanes = rows again, so row maxima and sums are vertical; one rescale of the
+//        accumulators per 64 keys.
+//   PV:  lanes = output columns: 4 rows x 64 columns of accumulators, one V row load per 4
+//        columns and one broadcast of P per row (8 loads per 16 FMAs).
+// The scalar reference is prefill_attention_rows_scalar (attention.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "model/attention.h"
 
 namespace fathom::internal {
+namespace {
+
+constexpr int kRows = 32;  // rows per block: two 16-lane vectors
+constexpr int kKeys = 64;  // keys per softmax step
+constexpr int kQkKeys = 8;
+
+struct Block {
+  const PrefillAttentionParams* p;
+  int h;
+  int64_t i0;  // first row
+  int rows;    // <= kRows
+  const float* qt;  // [dq][kRows]
+  float* st;        // [kKeys][kRows]
+};
+
+const float* key_nope(const PrefillAttentionParams& p, int h, int64_t j) {
+  return p.k_nope + j * p.heads * p.d_nope + int64_t{h} * p.d_nope;
+}
+
+// S^T for keys [j0, j0 + nk) of the block (nk <= kQkKeys; missing keys repeat the first).
+template <int RV>
+void qk_tile(const Block& b, int64_t j0, int nk, float* st) {
+  const PrefillAttentionParams& p = *b.p;
+  const float* kn[kQkKeys];
+  const float* kp[kQkKeys];
+  for (int j = 0; j < kQkKeys; ++j) {
+    const int64_t jj = j0 + (j < nk ? j : 0);
+    kn[j] = key_nope(p, b.h, jj);
+    kp[j] = p.k_pe + jj * p.k_pe_stride;
+  }
+  __m512 acc[kQkKeys][RV];
+#pragma GCC unroll 8
+  for (int j = 0; j < kQkKeys; ++j)
+#pragma GCC unroll 2
+    for (int v = 0; v < RV; ++v) acc[j][v] = _mm512_setzero_ps();
+  auto run = [&](const float* const* keys, int d_begin, int d_end) {
+    for (int d = d_begin; d < d_end; ++d) {
+      __m512 q[RV];
+#pragma GCC unroll 2
+      for (int v = 0; v < RV; ++v) q[v] = _mm512_load_ps(b.qt + int64_t{d} * kRows + 16 * v);
+      const int kd = d - d_begin;
+#pragma GCC unroll 8
+      for (int j = 0; j < kQkKeys; ++j) {
+        const __m512 k = _mm512_set1_ps(keys[j][kd]);
+#pragma GCC unroll 2
+        for (int v = 0; v < RV; ++v) acc[j][v] = _mm512_fmadd_ps(q[v], k, acc[j][v]);
+      }
+    }
+  };
+  run(kn, 0, p.d_nope);
+  run(kp, p.d_nope, p.d_nope + p.d_rope);
+#pragma GCC unroll 8
+  for (int j = 0; j < kQkKeys; ++j)
+#pragma GCC unroll 2
+    for (int v = 0; v < RV; ++v) _mm512_store_ps(st + j * kRows + 16 * v, acc[j][v]);
+}
+
+// acc rows [r0, r0 + NR), columns [c0, c0 + 16 NC): acc = acc * alpha + P V over nk keys.
+template <int NR, int NC>
+void pv_tile(const Block& b, int64_t j0, int nk, int r0, int c0, const float* alpha) {
+  const PrefillAttentionParams& p = *b.p;
+  __m512 acc[NR][NC];
+  float* out[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    out[r] = p.acc + ((b.i0 + r0 + r) * p.heads + b.h) * p.d_v + c0;
+    const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(out[r] + 16 * c), a);
+  }
+  const int64_t v_stride = int64_t{p.heads} * p.d_v;
+  const float* v = p.v + j0 * v_stride + int64_t{b.h} * p.d_v + c0;
+  for (int j = 0; j < nk; ++j, v += v_stride) {
+    __m512 vv[NC];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(v + 16 * c);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(b.st[j * kRows + r0 + r]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[r] + 16 * c, acc[r][c]);
+}
+
+using PvFn = void (*)(const Block&, int64_t, int, int, int, const float*);
+template <int NR>
+constexpr std::array<PvFn, 4> pv_row() {
+  return {&pv_tile<NR, 1>, &pv_tile<NR, 2>, &pv_tile<NR, 3>, &pv_tile<NR, 4>};
+}
+constexpr std::array<std::array<PvFn, 4>, 4> kPv = {pv_row<1>(), pv_row<2>(), pv_row<3>(), pv_row<4>()};
+
+void attend_block(const Block& b, int64_t keys) {
+  const PrefillAttentionParams& p = *b.p;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int rv = (b.rows + 15) / 16;
+  // Row state in lanes; padding lanes start at m = 0, l = 0 and are never stored.
+  alignas(64) float m[kRows], l[kRows], alpha[kRows] = {}, pos[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    const bool real = r < b.rows;
+    m[r] = real ? p.m[(b.i0 + r) * p.heads + b.h] : 0.0f;
+    l[r] = real ? p.l[(b.i0 + r) * p.heads + b.h] : 0.0f;
+    pos[r] = static_cast<float>(p.q_pos0 + b.i0 + r);  // exact: positions < 2^24
+  }
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeys, keys - j0));
+    for (int j = 0; j < nk; j += kQkKeys) {
+      const int n = std::min(kQkKeys, nk - j);
+      if (rv == 1) {
+        qk_tile<1>(b, j0 + j, n, b.st + j * kRows);
+      } else {
+        qk_tile<2>(b, j0 + j, n, b.st + j * kRows);
+      }
+    }
+    // Scale, hide keys after each row's position, and the online softmax update.
+    for (int v = 0; v < rv; ++v) {
+      const __m512 vpos = _mm512_load_ps(pos + 16 * v);
+      __m512 mx = _mm512_set1_ps(neg_inf);
+      for (int j = 0; j < nk; ++j) {
+        float* s = b.st + j * kRows + 16 * v;
+        const __mmask16 seen =
+            _mm512_cmp_ps_mask(vpos, _mm512_set1_ps(static_cast<float>(p.k0 + j0 + j)), _CMP_GE_OQ);
+        const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(neg_inf), seen, _mm512_load_ps(s), scale);
+        _mm512_store_ps(s, x);
+        mx = _mm512_max_ps(mx, x);
+      }
+      const __m512 m_old = _mm512_load_ps(m + 16 * v);
+      const __m512 m_new = _mm512_max_ps(m_old, mx);
+      // A row that has seen no key yet keeps m = -inf: exponents are then taken against 0.
+      const __m512 m_safe =
+          _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(neg_inf), _CMP_EQ_OQ),
+                             _mm512_setzero_ps());
+      _mm512_store_ps(alpha + 16 * v, _mm512_sub_ps(m_old, m_safe));
+      _mm512_store_ps(m + 16 * v, m_new);
+      for (int j = 0; j < nk; ++j) {
+        float* s = b.st + j * kRows + 16 * v;
+        _mm512_store_ps(s, _mm512_sub_ps(_mm512_load_ps(s), m_safe));
+      }
+    }
+    if (rv == 1) {  // the unused upper half of each row of S^T: exp of garbage is never read
+      for (int j = 0; j < nk; ++j) _mm512_store_ps(b.st + j * kRows + 16, _mm512_setzero_ps());
+    }
+    exp_f32(b.st, b.st, int64_t{nk} * kRows);
+    exp_f32(alpha, alpha, kRows);
+    for (int v = 0; v < rv; ++v) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < nk; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(b.st + j * kRows + 16 * v));
+      _mm512_store_ps(l + 16 * v,
+                      _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v), _mm512_load_ps(alpha + 16 * v), sum));
+    }
+    const int n_cb = p.d_v / 16;
+    for (int r0 = 0; r0 < b.rows; r0 += 4) {
+      const int nr = std::min(4, b.rows - r0);
+      for (int cb = 0; cb < n_cb; cb += 4) {
+        const int nc = std::min(4, n_cb - cb);
+        kPv[static_cast<size_t>(nr - 1)][static_cast<size_t>(nc - 1)](b, j0, nk, r0, cb * 16, alpha);
+      }
+    }
+  }
+  for (int r = 0; r < b.rows; ++r) {
+    p.m[(b.i0 + r) * p.heads + b.h] = m[r];
+    p.l[(b.i0 + r) * p.heads + b.h] = l[r];
+  }
+}
+
+}  // namespace
 
 void prefill_attention_rows_avx512(const PrefillAttentionParams& p, int h, int64_t q_begin, int64_t q_end) {
   const int dq = p.d_nope + p.d_rope;
-  const int64_t last_q_pos = p.q_pos0 + q_end - 1;
-  const int64_t keys = std::min<int64_t>(p.n_k, last_q_pos - p.k0 + 1);
-  if (keys <= 0) return;
-  alignas(64) float kt[(512 + 128) * 16];  // d_nope + d_rope <= 640
-  alignas(64) float sc[16];
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t j0 = 0; j0 < keys; j0 += 16) {
-    const int nk = static_cast<int>(std::min<int64_t>(16, keys - j0));
-    for (int d = 0; d < dq; ++d) {
-      for (int j = 0; j < 16; ++j) {
-        float v = 0;
-        if (j < nk) {
-          v = d < p.d_nope ? p.k_nope[(j0 + j) * p.heads * p.d_nope + h * p.d_nope + d]
-                           : p.k_pe[(j0 + j) * p.k_pe_stride + (d - p.d_nope)];
-        }
-        kt[d * 16 + j] = v;
-      }
-    }
-    for (int64_t i = q_begin; i < q_end; ++i) {
-      const int64_t qpos = p.q_pos0 + i;
-      const int64_t visible = std::min<int64_t>(nk, qpos - p.k0 - j0 + 1);
-      if (visible <= 0) continue;
-      const float* q = p.q + (i * p.heads + h) * dq;
-      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-      int d = 0;
-      for (; d + 1 < dq; d += 2) {
-        s0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_load_ps(kt + d * 16), s0);
-        s1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), _mm512_load_ps(kt + (d + 1) * 16), s1);
-      }
-      if (d < dq) s0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_load_ps(kt + d * 16), s0);
-      __m512 s = _mm512_mul_ps(_mm512_add_ps(s0, s1), _mm512_set1_ps(p.scale));
-      const __mmask16 valid = static_cast<__mmask16>((1u << visible) - 1u);
-      s = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), valid, s);
-      float& m = p.m[i * p.heads + h];
-      float& l = p.l[i * p.heads + h];
-      float* acc = p.acc + (i * p.heads + h) * p.d_v;
-      const float m_new = std::max(m, _mm512_reduce_max_ps(s));
-      const float corr = std::exp(m - m_new);
-      _mm512_store_ps(sc, _mm512_sub_ps(s, _mm512_set1_ps(m_new)));
-      exp_f32(sc, sc, 16);  // masked lanes: exp(-inf) = 0
-      l = l * corr + _mm512_reduce_add_ps(_mm512_load_ps(sc));
-      const __m512 vc = _mm512_set1_ps(corr);
-      for (int dv = 0; dv < p.d_v; dv += 16) {
-        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + dv), vc);
-        for (int j = 0; j < visible; ++j) {
-          const float* vr = p.v + (j0 + j) * p.heads * p.d_v + h * p.d_v + dv;
-          a = _mm512_fmadd_ps(_mm512_set1_ps(sc[j]), _mm512_loadu_ps(vr), a);
-        }
-        _mm512_storeu_ps(acc + dv, a);
-      }
-      m = m_new;
-    }
+  thread_local std::vector<float> qt_buf, st_buf;
+  qt_buf.resize(static_cast<size_t>(dq) * kRows + 16);
+  st_buf.resize(static_cast<size_t>(kKeys) * kRows + 16);
+  // 64-byte aligned views (the loads above are aligned)
+  float* qt = qt_buf.data() + ((64 - reinterpret_cast<uintptr_t>(qt_buf.data()) % 64) % 64) / 4;
+  float* st = st_buf.data() + ((64 - reinterpret_cast<uintptr_t>(st_buf.data()) % 64) % 64) / 4;
+  for (int64_t i0 = q_begin; i0 < q_end; i0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, q_end - i0));
+    // Keys up to the block's last row; none for a block entirely before this key block.
+    const int64_t keys = std::min<int64_t>(p.n_k, p.q_pos0 + i0 + rows - 1 - p.k0 + 1);
+    if (keys <= 0) continue;
+    for (int d = 0; d < dq; ++d)
+      for (int r = 0; r < kRows; ++r)
+        qt[int64_t{d} * kRows + r] = r < rows ? p.q[((i0 + r) * p.heads + h) * dq + d] : 0.0f;
+    attend_block(Block{&p, h, i0, rows, qt, st}, keys);
   }
 }
 

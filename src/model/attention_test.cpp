@@ -1,0 +1,153 @@
+// Prefill attention kernels against a float64 reference: random shapes, query and key offsets
+// that leave some rows without visible keys in a block, several key blocks folded one after
+// another, and the AVX-512 path against the scalar one.
+#include "model/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/rng.h"
+#include "base/thread_pool.h"
+
+namespace fathom {
+namespace {
+
+struct Case {
+  int heads, d_nope, d_rope, d_v;
+  int64_t n_q, q_pos0, n_keys, key_block;
+};
+
+struct Inputs {
+  std::vector<float> q, k_nope, k_pe, v;  // keys for all n_keys positions
+};
+
+Inputs random_inputs(Rng& rng, const Case& c) {
+  Inputs in;
+  const int dq = c.d_nope + c.d_rope;
+  auto fill = [&](std::vector<float>& x, size_t n, double scale) {
+    x.resize(n);
+    for (auto& v : x) v = static_cast<float>(rng.normal() * scale);
+  };
+  fill(in.q, static_cast<size_t>(c.n_q * c.heads * dq), 1.0);
+  fill(in.k_nope, static_cast<size_t>(c.n_keys * c.heads * c.d_nope), 1.0);
+  fill(in.k_pe, static_cast<size_t>(c.n_keys * (c.d_rope + 3)), 1.0);  // stride d_rope + 3
+  fill(in.v, static_cast<size_t>(c.n_keys * c.heads * c.d_v), 1.0);
+  return in;
+}
+
+// out [n_q, heads, d_v] in float64: causal softmax over keys at positions <= the query's.
+std::vector<double> reference(const Case& c, const Inputs& in, float scale) {
+  const int dq = c.d_nope + c.d_rope;
+  std::vector<double> out(static_cast<size_t>(c.n_q * c.heads * c.d_v), 0.0);
+  for (int64_t i = 0; i < c.n_q; ++i)
+    for (int h = 0; h < c.heads; ++h) {
+      const int64_t visible = std::min(c.n_keys, c.q_pos0 + i + 1);
+      std::vector<double> s(static_cast<size_t>(std::max<int64_t>(visible, 0)));
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < visible; ++j) {
+        double dot = 0;
+        for (int d = 0; d < c.d_nope; ++d)
+          dot += double{in.q[static_cast<size_t>((i * c.heads + h) * dq + d)]} *
+                 in.k_nope[static_cast<size_t>((j * c.heads + h) * c.d_nope + d)];
+        for (int d = 0; d < c.d_rope; ++d)
+          dot += double{in.q[static_cast<size_t>((i * c.heads + h) * dq + c.d_nope + d)]} *
+                 in.k_pe[static_cast<size_t>(j * (c.d_rope + 3) + d)];
+        s[static_cast<size_t>(j)] = dot * scale;
+        mx = std::max(mx, s[static_cast<size_t>(j)]);
+      }
+      double l = 0;
+      for (int64_t j = 0; j < visible; ++j) l += std::exp(s[static_cast<size_t>(j)] - mx);
+      for (int64_t j = 0; j < visible; ++j) {
+        const double w = std::exp(s[static_cast<size_t>(j)] - mx) / l;
+        for (int d = 0; d < c.d_v; ++d)
+          out[static_cast<size_t>((i * c.heads + h) * c.d_v + d)] +=
+              w * in.v[static_cast<size_t>((j * c.heads + h) * c.d_v + d)];
+      }
+    }
+  return out;
+}
+
+// Folds the keys in blocks of key_block through prefill_attention_block.
+std::vector<float> run(const Case& c, const Inputs& in, float scale) {
+  std::vector<float> m(static_cast<size_t>(c.n_q * c.heads)), l(m.size()),
+      acc(static_cast<size_t>(c.n_q * c.heads * c.d_v)), out(acc.size());
+  attention_state_init(c.n_q, c.heads, c.d_v, m.data(), l.data(), acc.data());
+  for (int64_t k0 = 0; k0 < c.n_keys; k0 += c.key_block) {
+    PrefillAttentionParams p;
+    p.n_q = c.n_q;
+    p.q_pos0 = c.q_pos0;
+    p.heads = c.heads, p.d_nope = c.d_nope, p.d_rope = c.d_rope, p.d_v = c.d_v;
+    p.q = in.q.data();
+    p.k0 = k0;
+    p.n_k = std::min(c.key_block, c.n_keys - k0);
+    p.k_nope = in.k_nope.data() + k0 * c.heads * c.d_nope;
+    p.k_pe = in.k_pe.data() + k0 * (c.d_rope + 3);
+    p.k_pe_stride = c.d_rope + 3;
+    p.v = in.v.data() + k0 * c.heads * c.d_v;
+    p.scale = scale;
+    p.m = m.data(), p.l = l.data(), p.acc = acc.data();
+    prefill_attention_block(p, default_pool());
+  }
+  attention_state_finish(c.n_q, c.heads, c.d_v, l.data(), acc.data(), out.data());
+  return out;
+}
+
+double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, mag = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    err = std::max(err, std::fabs(got[i] - want[i]));
+    mag = std::max(mag, std::fabs(want[i]));
+  }
+  return err / mag;
+}
+
+TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const SimdLevel native = simd_level_supported();
+  const Case fixed[] = {
+      {4, 128, 64, 128, 70, 0, 70, 1024},   // V2-Lite head shape, one key block, a row tail
+      {2, 128, 64, 128, 33, 40, 73, 32},    // a cached prefix, blocks smaller than the rows
+      {3, 16, 16, 48, 5, 0, 5, 1024},       // the tiny shapes, d_v not a multiple of 64
+      {1, 32, 0, 16, 17, 100, 117, 50},     // no rope part
+      {2, 64, 32, 64, 1, 200, 201, 64},     // one query row at the end of a long context
+  };
+  std::vector<Case> cases(std::begin(fixed), std::end(fixed));
+  for (int r = 0; r < 12; ++r) {
+    Case c;
+    c.heads = 1 + static_cast<int>(rng.below(4));
+    c.d_nope = 16 * (1 + static_cast<int>(rng.below(8)));
+    c.d_rope = 8 * static_cast<int>(rng.below(9));
+    c.d_v = 16 * (1 + static_cast<int>(rng.below(8)));
+    c.n_q = 1 + static_cast<int64_t>(rng.below(100));
+    c.q_pos0 = static_cast<int64_t>(rng.below(150));
+    c.n_keys = c.q_pos0 + c.n_q;
+    c.key_block = 1 + static_cast<int64_t>(rng.below(200));
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
+    const Inputs in = random_inputs(rng, c);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d_nope + c.d_rope));
+    const std::vector<double> want = reference(c, in, scale);
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx512}) {
+      if (level > native) continue;
+      set_simd_level_cap(level);
+      const double err = max_rel_err(run(c, in, scale), want);
+      EXPECT_LT(err, 2e-5) << "simd " << simd_level_name(level) << " heads " << c.heads << " d_nope "
+                           << c.d_nope << " d_rope " << c.d_rope << " d_v " << c.d_v << " n_q " << c.n_q
+                           << " q_pos0 " << c.q_pos0 << " key_block " << c.key_block;
+    }
+    set_simd_level_cap(native);
+  }
+}
+
+}  // namespace
+}  // namespace fathom
