@@ -1,6 +1,6 @@
 // Prefill attention kernels against a float64 reference: random shapes, query and key offsets
 // that leave some rows without visible keys in a block, several key blocks folded one after
-// another, and the AVX-512 path against the scalar one.
+// another, and the AVX-512 path against the scalar one; and a row independent of its call.
 #include "model/attention.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +119,8 @@ TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
       {3, 16, 16, 48, 5, 0, 5, 1024},       // the tiny shapes, d_v not a multiple of 64
       {1, 32, 0, 16, 17, 100, 117, 50},     // no rope part
       {2, 64, 32, 64, 1, 200, 201, 64},     // one query row at the end of a long context
+      {8, 32, 32, 32, 362, 512, 874, 1024}, // the tiny preset, a second prefill chunk
+      {8, 32, 32, 32, 42, 832, 874, 1024},  // the same rows after a cached prefix
   };
   std::vector<Case> cases(std::begin(fixed), std::end(fixed));
   for (int r = 0; r < 12; ++r) {
@@ -146,6 +148,43 @@ TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
                            << " q_pos0 " << c.q_pos0 << " key_block " << c.key_block;
     }
     set_simd_level_cap(native);
+  }
+}
+
+// A row's output does not depend on the other rows of the call: a prompt whose prefix is cached
+// prefills only its suffix, and attention must not be what makes it differ from a whole prefill
+// (the first case is the tiny preset's 874-token prompt with 832 tokens cached).
+TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  for (int rep = 0; rep < 20; ++rep) {
+    Case c;
+    c.heads = 1 + static_cast<int>(rng.below(3));
+    c.d_nope = 32;
+    c.d_rope = 16;
+    c.d_v = 32;
+    c.n_q = 2 + static_cast<int64_t>(rng.below(150));
+    c.q_pos0 = 0;
+    c.n_keys = c.n_q;
+    c.key_block = 1 + static_cast<int64_t>(rng.below(300));
+    if (rep == 0) c = Case{8, 32, 32, 32, 874, 0, 874, 1024};
+    const Inputs in = random_inputs(rng, c);
+    const float scale = 0.125f;
+    const std::vector<float> all = run(c, in, scale);
+    // The same keys, but only the queries from `skip` on (a cached prefix of `skip` tokens).
+    int64_t skip = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.n_q - 1)));
+    if (rep == 0) skip = 832;
+    Case s = c;
+    s.n_q = c.n_q - skip;
+    s.q_pos0 = skip;
+    Inputs sin = in;
+    const int dq = c.d_nope + c.d_rope;
+    sin.q.assign(in.q.begin() + skip * c.heads * dq, in.q.end());
+    const std::vector<float> part = run(s, sin, scale);
+    for (size_t i = 0; i < part.size(); ++i)
+      ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
+          << "n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block << " element " << i;
   }
 }
 

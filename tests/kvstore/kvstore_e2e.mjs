@@ -1,11 +1,16 @@
 // End-to-end test of `fathom serve --kv-store` with real processes: a `fathom store server` on a
 // temporary target and `fathom serve` on a tiny synthetic model (random weights, MTP on).
 //
-//  1. Reference answers come from a server without the store (cold prefill of every prompt).
+//  1. Reference answers come from servers without the store: every prompt prefilled whole (prefix
+//     cache off), and every prompt with its shared prefix already in memory. The two can differ:
+//     a cached prefix leaves a smaller prefill batch, and the matmul kernels round differently at
+//     <= 16 and > 16 rows per expert (docs/engine.md), which can flip a near-tie greedy token of
+//     this random-weight model. So each answer is held to the reference with the same number of
+//     cached prompt tokens, bit for bit.
 //  2. A server with the store answers a long prompt (several 64-token pages) and writes its
 //     pages through; it is stopped with SIGTERM. A new server answers a prompt sharing that
 //     prefix: the pages come from the store (store hit and imported pages in /metrics, cached
-//     prompt tokens in the usage) and the tokens equal the cold reference.
+//     prompt tokens in the usage) and the tokens equal those of the prefix held in memory.
 //  3. The same after kill -9 of the serving process (write-through, not shutdown, kept the pages).
 //  4. The store killed mid-run, and the store down when the server starts: requests still
 //     succeed with the reference tokens, and the failures are counted.
@@ -52,9 +57,9 @@ async function startStore(listen = '127.0.0.1:0') {
                                       /ready listen=(\S+)/, 'store server');
   return { proc, addr: match };
 }
-async function startServe(store) {
+async function startServe(store, extra = []) {
   const args = ['serve', '--model', modelDir, '--port', '0', '--max-batch', '4', '--kv-cache-gb', '0.0625',
-                '--max-context', '2048', '--served-model-name', 'tiny'];
+                '--max-context', '2048', '--served-model-name', 'tiny', ...extra];
   if (store) args.push('--kv-store', store, '--kv-store-timeout-ms', '3000');
   const { proc, match } = await start(args, /listening on (http:\/\/\S+)/, 'fathom serve');
   return { proc, base: match };
@@ -101,17 +106,31 @@ const A = 'The lighthouse keeper wrote in his log every night, counting ships an
 const B = 'A river runs through the old town, under seven stone bridges and past the mill. '.repeat(24);
 const prompts = { a1: A + 'What did he see first?', a2: A + 'Which storm was the worst?',
                   b1: B + 'Name the bridges.', b2: B + 'Who owns the mill?' };
-const ref = {};
-const same = (got, want) => {
+const refCold = {}, refWarm = {};
+const cachedOf = (r) => r.usage.prompt_tokens_details?.cached_tokens ?? 0;
+// `got` (an answer to prompts[key]) against the reference with as many cached prompt tokens.
+const same = (got, key) => {
+  const want = cachedOf(got) > 0 ? refWarm[key] : refCold[key];
+  assert.equal(cachedOf(got), cachedOf(want), `cached prompt tokens of ${key}`);
   assert.equal(got.text, want.text);
   if (want.tokens) assert.deepEqual(got.tokens, want.tokens);
 };
+const partner = { a1: 'a2', a2: 'a1', b1: 'b2', b2: 'b1' };
 
-await check('reference answers from a server without the store', async () => {
-  const s = await startServe(null);
-  for (const [k, p] of Object.entries(prompts)) ref[k] = await complete(s.base, p);
-  assert.ok(Array.isArray(ref.a1.tokens) && ref.a1.tokens.length === 12, 'no tokens in the logprobs');
-  assert.ok(ref.a1.usage.prompt_tokens >= 4 * 64, `the prompt is only ${ref.a1.usage.prompt_tokens} tokens`);
+await check('reference answers from servers without the store', async () => {
+  let s = await startServe(null, ['--no-prefix-cache']);
+  for (const [k, p] of Object.entries(prompts)) refCold[k] = await complete(s.base, p);
+  s.proc.kill('SIGTERM');
+  assert.equal(await exited(s.proc), 0);
+  s = await startServe(null);
+  for (const k of Object.keys(prompts)) {
+    await complete(s.base, prompts[partner[k]]);  // puts the shared prefix in memory
+    refWarm[k] = await complete(s.base, prompts[k]);
+    assert.ok(cachedOf(refWarm[k]) >= 3 * 64, JSON.stringify(refWarm[k].usage));
+  }
+  assert.ok(Array.isArray(refCold.a1.tokens) && refCold.a1.tokens.length === 12, 'no tokens in the logprobs');
+  assert.ok(refCold.a1.usage.prompt_tokens >= 4 * 64, `the prompt is only ${refCold.a1.usage.prompt_tokens} tokens`);
+  assert.equal(cachedOf(refCold.a1), 0);
   s.proc.kill('SIGTERM');
   assert.equal(await exited(s.proc), 0);
 });
@@ -123,13 +142,13 @@ const pagesOf = (usage) => Math.floor((usage.prompt_tokens - 1) / 64);
 await check('a restarted server (SIGTERM) reads the shared prefix back from the store', async () => {
   let s = await startServe(store.addr);
   const cold = await complete(s.base, prompts.a1);
-  same(cold, ref.a1);
+  same(cold, 'a1');
   await waitFor(s.base, 'fathom_kv_store_pages_written_total', pagesOf(cold.usage));
   s.proc.kill('SIGTERM');
   assert.equal(await exited(s.proc), 0);
   s = await startServe(store.addr);
   const warm = await complete(s.base, prompts.a2);
-  same(warm, ref.a2);
+  same(warm, 'a2');
   const m = await metrics(s.base);
   assert.ok(m('fathom_kv_store_hit_pages_total') >= 3, `hit pages ${m('fathom_kv_store_hit_pages_total')}`);
   assert.equal(m('fathom_kv_store_imported_pages_total'), m('fathom_kv_store_hit_pages_total'));
@@ -137,8 +156,8 @@ await check('a restarted server (SIGTERM) reads the shared prefix back from the 
   assert.ok(m('fathom_prefix_cache_hit_pages_total') >= 3);
   assert.equal(m('fathom_kv_store_import_errors_total'), 0);
   assert.equal(m('fathom_kv_store_up'), 1);
-  // The same prompt as the cold run, now from memory: still the same tokens.
-  same(await complete(s.base, prompts.a1), ref.a1);
+  // The same prompt as the cold run, now with the prefix in memory.
+  same(await complete(s.base, prompts.a1), 'a1');
   s.proc.kill('SIGTERM');
   assert.equal(await exited(s.proc), 0);
 });
@@ -147,14 +166,14 @@ let serve3;
 await check('after kill -9 the write-through pages are in the store', async () => {
   let s = await startServe(store.addr);
   const cold = await complete(s.base, prompts.b1);
-  same(cold, ref.b1);
+  same(cold, 'b1');
   assert.equal(cold.usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
   await waitFor(s.base, 'fathom_kv_store_pages_written_total', pagesOf(cold.usage));
   s.proc.kill('SIGKILL');
   await exited(s.proc);
   s = serve3 = await startServe(store.addr);
   const warm = await complete(s.base, prompts.b2);
-  same(warm, ref.b2);
+  same(warm, 'b2');
   const m = await metrics(s.base);
   assert.ok(m('fathom_kv_store_hit_pages_total') >= 3);
   assert.ok(warm.usage.prompt_tokens_details.cached_tokens >= 3 * 64, JSON.stringify(warm.usage));
@@ -165,7 +184,7 @@ await check('the store killed mid-run: requests still succeed, failures are coun
   store.proc.kill('SIGKILL');
   await exited(store.proc);
   const r = await complete(s.base, prompts.a2);  // not in this server's memory: asks the dead store
-  same(r, ref.a2);
+  same(r, 'a2');
   const m = await metrics(s.base);
   assert.ok(m('fathom_kv_store_errors_total') >= 1);
   assert.equal(m('fathom_kv_store_up'), 0);
@@ -177,7 +196,7 @@ await check('the store killed mid-run: requests still succeed, failures are coun
 await check('the store down when the server starts: requests succeed cold', async () => {
   const s = await startServe(store.addr);
   const r = await complete(s.base, prompts.b1);
-  same(r, ref.b1);
+  same(r, 'b1');
   assert.equal(r.usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
   const m = await metrics(s.base);
   assert.ok(m('fathom_kv_store_errors_total') >= 1);
