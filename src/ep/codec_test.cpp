@@ -66,8 +66,8 @@ TEST(EpCodec, Avx512EncodeMatchesTheReferenceBitForBit) {
     }
 }
 
-// A group holding NaN or inf leaves the fast path; the finite groups around it still match the
-// reference bit for bit, and the bad group's finite values keep their signs.
+// A group holding NaN or inf leaves the fast path (its codes and scale are unspecified, as the
+// header says); the finite groups around it still match the reference bit for bit.
 TEST(EpCodec, Avx512Fp8GroupsWithNanOrInfDoNotDisturbTheirNeighbours) {
   if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Rng rng(print_seed("fp8 non-finite"));
@@ -84,12 +84,6 @@ TEST(EpCodec, Avx512Fp8GroupsWithNanOrInfDoNotDisturbTheirNeighbours) {
       if (g * 128 == bad) continue;
       ASSERT_EQ(sa[static_cast<size_t>(g)], sb[static_cast<size_t>(g)]) << "group " << g;
       ASSERT_EQ(0, std::memcmp(a.data() + g * 128, b.data() + g * 128, 128)) << "group " << g;
-    }
-    for (int64_t i = bad; i < bad + 128; ++i) {
-      const float v = x[static_cast<size_t>(i)];
-      if (std::isfinite(v) && v != 0.0f) {
-        ASSERT_EQ(std::signbit(v), (b[static_cast<size_t>(i)] & 0x80) != 0) << i;
-      }
     }
   }
 }
