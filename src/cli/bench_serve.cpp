@@ -154,6 +154,9 @@ nlohmann::json decode_json(const DecodeRoofline& d, int64_t n_moe) {
 
 nlohmann::json level_json(const LevelResult& r, int64_t n_moe) {
   return {{"concurrency", r.concurrency},
+          {"bandwidth_gbs", (r.bandwidth_before_gbs + r.bandwidth_after_gbs) / 2},
+          {"bandwidth_before_gbs", r.bandwidth_before_gbs},
+          {"bandwidth_after_gbs", r.bandwidth_after_gbs},
           {"requests", r.requests},
           {"prompt_tokens", r.prompt_tokens},
           {"cached_prompt_tokens", r.cached_prompt_tokens},
@@ -164,14 +167,15 @@ nlohmann::json level_json(const LevelResult& r, int64_t n_moe) {
           {"itl_ms", latency_json(r.itl)},
           {"tpot_ms", latency_json(r.tpot)},
           {"e2e_ms", latency_json(r.e2e)},
-          {"decode", decode_json(r.decode, n_moe)}};
+          {"decode", decode_json(r.decode, n_moe)},
+          {"decode_outer", decode_json(r.decode_outer, n_moe)}};
 }
 
 void print_table(const std::vector<LevelResult>& levels, int64_t n_moe, bool roofline) {
   std::printf("%5s %5s %10s %17s %17s", "conc", "reqs", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms");
   if (roofline) {
-    std::printf(" %6s %6s %8s %10s %11s %8s %9s", "steps", "batch", "experts", "MB/step", "GFLOP/step",
-                "bound", "roofline");
+    std::printf(" %6s %6s %8s %10s %11s %8s %6s %9s %6s", "steps", "batch", "experts", "MB/step", "GFLOP/step",
+                "bound", "GB/s", "roofline", "outer");
   }
   std::printf("\n");
   for (const LevelResult& r : levels) {
@@ -182,12 +186,14 @@ void print_table(const std::vector<LevelResult>& levels, int64_t n_moe, bool roo
     if (roofline) {
       const DecodeRoofline& d = r.decode;
       const double steps = std::max<double>(static_cast<double>(d.steps), 1);
-      std::printf(" %6lld %6.1f %8.1f %10.1f %11.3f %8s %8.0f%%", static_cast<long long>(d.steps),
+      std::printf(" %6lld %6.1f %8.1f %10.1f %11.3f %8s %6.1f %8.0f%% %5.0f%%", static_cast<long long>(d.steps),
                   static_cast<double>(d.tokens) / steps,
                   n_moe > 0 ? d.experts_read / steps / static_cast<double>(n_moe) : 0,
                   (d.weight_bytes + d.kv_bytes) / steps * 1e-6,
                   (d.linear_flops + d.attention_flops) / steps * 1e-9,
-                  d.compute_seconds > d.memory_seconds ? "compute" : "memory", d.fraction() * 100);
+                  d.compute_seconds > d.memory_seconds ? "compute" : "memory",
+                  (r.bandwidth_before_gbs + r.bandwidth_after_gbs) / 2, d.fraction() * 100,
+                  r.decode_outer.fraction() * 100);
     }
     std::printf("\n");
   }
@@ -204,8 +210,9 @@ struct Setup {
   int64_t vocab = 0;
   ModelConfig config;
   // In-process only.
-  MemoryBandwidth bw;  // the higher of bw_before and bw_after: the roofline's
+  MemoryBandwidth bw;  // the higher of bw_before and bw_after: the outer roofline's
   MemoryBandwidth bw_before, bw_after;
+  std::unique_ptr<BandwidthProbe> bw_probe;  // read before and after each level
   PeakCompute peak;
   Roof roof;
   std::string arith;
@@ -238,6 +245,7 @@ Status start_engine(const BenchServeOptions& o, Setup& s) {
   s.vocab = s.config.vocab_size;
   ThreadPool& pool = default_pool();
   s.bw = s.bw_before = measure_memory_bandwidth(pool);
+  s.bw_probe = std::make_unique<BandwidthProbe>(pool);
   s.peak = measure_peak_compute(pool);
   s.weights = s.model->weights().layers.back().o.dtype;
   s.roof = {.bandwidth_gbs = s.bw.read_gbs,
@@ -288,7 +296,18 @@ Status run_all(const BenchServeOptions& o, Setup& s, Results& out) {
                  .gen_tokens = o.gen_tokens,
                  .seed = static_cast<uint64_t>(o.seed),
                  .vocab = s.vocab};
-    out.levels.push_back(TRY(run_level(s.run, s.probe, s.roof, p, tick)));
+    // The machine's bandwidth drifts 2-3x over minutes on a shared VM: each level is measured
+    // against readings taken right around it (the engine is idle then).
+    const double before = s.bw_probe ? s.bw_probe->read_gbs() : 0;
+    LevelResult level = TRY(run_level(s.run, s.probe, s.roof, p, tick));
+    if (s.bw_probe) {
+      level.bandwidth_before_gbs = before;
+      level.bandwidth_after_gbs = s.bw_probe->read_gbs();
+      Roof roof = s.roof;
+      roof.bandwidth_gbs = (level.bandwidth_before_gbs + level.bandwidth_after_gbs) / 2;
+      level.decode = decode_roofline(level.steps, roof);
+    }
+    out.levels.push_back(std::move(level));
   }
   if (o.prefix_tokens > 0) {
     PrefixParams pp{.prefix_tokens = o.prefix_tokens,
@@ -310,7 +329,10 @@ nlohmann::json result_json(const BenchServeOptions& o, const Setup& s, const Res
   nlohmann::json lv = nlohmann::json::array();
   for (const LevelResult& l : r.levels) {
     nlohmann::json j = level_json(l, n_moe);
-    if (!local) j["decode"] = nullptr;
+    if (!local) {
+      for (const char* k : {"decode", "decode_outer", "bandwidth_gbs", "bandwidth_before_gbs", "bandwidth_after_gbs"})
+        j[k] = nullptr;
+    }
     lv.push_back(std::move(j));
   }
   nlohmann::json j = {{"model", o.model},
@@ -354,7 +376,8 @@ nlohmann::json result_json(const BenchServeOptions& o, const Setup& s, const Res
 void print_results(const BenchServeOptions& o, const Setup& s, const Results& r) {
   if (s.engine != nullptr) {
     std::printf(
-        "machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run), peak bf16 %.0f GFLOP/s, "
+        "machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run: the outer roofline; each "
+        "level's roofline uses the mean of readings right before and after it), peak bf16 %.0f GFLOP/s, "
         "int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
         s.bw.read_gbs, s.bw_before.read_gbs, s.bw_after.read_gbs, s.peak.bf16_gflops, s.peak.int8_gops,
         s.peak.f32_gflops, default_pool().size());
@@ -406,9 +429,11 @@ void add_options(Args& args, BenchServeOptions& o) {
   args.epilog(
       "Without --url the engine runs in-process: HTTP overhead is excluded. Roofline per pure decode\n"
       "step: max(bytes / bandwidth, FLOPs / peak) over the step's time, bytes = dense and attention\n"
-      "weights once + each routed expert the batch selected once + KV pages read. With --url, --model\n"
-      "names the checkpoint the server serves (only its config is read) and the engine options\n"
-      "(--prefill-chunk, --kv-*, --speculative) are the server's.");
+      "weights once + each routed expert the batch selected once + KV pages read; bandwidth = the mean\n"
+      "of readings right before and after the level ('outer': the higher of the readings before and\n"
+      "after the whole run). With --url, --model names the checkpoint the server serves (only its\n"
+      "config is read) and the engine options (--prefill-chunk, --kv-*, --speculative) are the\n"
+      "server's.");
 }
 
 int run_bench_serve(int argc, char** argv) {
@@ -435,8 +460,8 @@ int run_bench_serve(int argc, char** argv) {
     if (s.bw_after.read_gbs > s.bw.read_gbs) {
       s.bw = s.bw_after;
       s.roof.bandwidth_gbs = s.bw.read_gbs;
-      for (LevelResult& level : r.levels) level.decode = decode_roofline(level.steps, s.roof);
     }
+    for (LevelResult& level : r.levels) level.decode_outer = decode_roofline(level.steps, s.roof);
   }
   print_results(o, s, r);
   if (o.json) print_json_line(result_json(o, s, r).dump());  // the last stdout line

@@ -115,8 +115,12 @@ struct LevelResult {
   int64_t requests = 0, output_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   double seconds = 0;  // first submit to last finish
   LatencySummary ttft, itl, tpot, e2e;
-  DecodeRoofline decode;                // in-process only
-  std::vector<EngineStepReport> steps;  // in-process only: what `decode` was computed from
+  // In-process only. `decode` divides by the mean of the read bandwidth measured right before and
+  // right after this level; `decode_outer` by the run-wide higher of the readings before and after
+  // all levels (the older, coarser measure).
+  double bandwidth_before_gbs = 0, bandwidth_after_gbs = 0;
+  DecodeRoofline decode, decode_outer;
+  std::vector<EngineStepReport> steps;  // what `decode` was computed from
 };
 
 // Runs one concurrency level to completion.

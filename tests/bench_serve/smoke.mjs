@@ -34,7 +34,7 @@ try {
   const j = JSON.parse(lines[lines.length - 1]);
   assert.equal(j.http, 'excluded (in-process engine)');
   assert.ok(j.bandwidth_gbs > 0 && j.peak_bf16_gflops > 0 && j.peak_gflops > 0);
-  // the roofline uses the higher of the readings before and after the run
+  // the outer roofline uses the higher of the readings before and after the run
   assert.equal(j.bandwidth_gbs, Math.max(j.bandwidth_before_gbs, j.bandwidth_after_gbs));
   assert.equal(j.routed_experts, 16);
   assert.equal(j.experts_per_token, 4);
@@ -51,14 +51,20 @@ try {
       assert.ok(s.p50 >= 0 && s.p50 <= s.p90 && s.p90 <= s.p99 && s.p99 <= s.max, JSON.stringify(s));
     }
     assert.ok(l.ttft_ms.max <= l.e2e_ms.max);
-    const d = l.decode;
+    // Each level's roofline divides by the mean of the readings right before and after it.
+    assert.ok(l.bandwidth_before_gbs > 0 && l.bandwidth_after_gbs > 0);
+    assert.ok(close(l.bandwidth_gbs, (l.bandwidth_before_gbs + l.bandwidth_after_gbs) / 2));
+    const d = l.decode, o = l.decode_outer;
+    // The outer measure: the same steps against the run-wide reading.
+    assert.deepEqual([o.steps, o.tokens, o.weight_bytes, o.kv_bytes], [d.steps, d.tokens, d.weight_bytes, d.kv_bytes]);
+    assert.ok(close(o.memory_seconds, (o.weight_bytes + o.kv_bytes) / (j.bandwidth_gbs * 1e9), 1e-6));
     // The first token of a request comes from its prefill step; the rest from decode steps.
     assert.ok(d.tokens > 0 && d.tokens <= l.output_tokens - reqs, JSON.stringify(d));
     assert.ok(d.steps > 0 && d.weight_bytes > 0 && d.kv_bytes > 0 && d.linear_flops > 0 && d.attention_flops > 0);
     assert.ok(close(d.batch_mean, d.tokens / d.steps));
     assert.ok(d.batch_mean <= l.concurrency + 1e-9);
     // The roofline follows from the raw figures and the machine measured in the same run.
-    assert.ok(close(d.memory_seconds, (d.weight_bytes + d.kv_bytes) / (j.bandwidth_gbs * 1e9), 1e-6));
+    assert.ok(close(d.memory_seconds, (d.weight_bytes + d.kv_bytes) / (l.bandwidth_gbs * 1e9), 1e-6));
     assert.ok(close(d.compute_seconds, d.linear_flops / (j.peak_gflops * 1e9) + d.attention_flops / (j.peak_bf16_gflops * 1e9), 1e-6));
     assert.ok(d.roofline_seconds >= Math.max(d.memory_seconds, d.compute_seconds) * (1 - 1e-9));
     assert.ok(d.roofline_seconds <= (d.memory_seconds + d.compute_seconds) * (1 + 1e-9));
@@ -140,6 +146,8 @@ try {
       assert.equal(l.output_tokens, l.concurrency * 6, 'usage.completion_tokens of every request');
       assert.equal(l.ttft_ms.n, l.concurrency);
       assert.equal(l.decode, null, 'no step roofline over HTTP');
+      assert.equal(l.decode_outer, null);
+      assert.equal(l.bandwidth_gbs, null);
     }
     assert.equal(hj.prefix.cached_tokens, 128, 'usage.prompt_tokens_details.cached_tokens');
     // A second run against the same server still measures an uncached prefix.
