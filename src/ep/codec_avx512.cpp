@@ -92,21 +92,23 @@ __attribute__((always_inline)) inline void encode_fp8_group(const void* src, boo
     vmax = _mm512_max_epu32(vmax, _mm512_and_si512(_mm512_castps_si512(v[j]), abs_mask));
   }
   const uint32_t amax_bits = _mm512_reduce_max_epu32(vmax);
-  if (amax_bits >= 0x7f800000u) {
+  const bool finite = amax_bits < 0x7f800000u;
+  float amax;
+  if (finite) {
+    std::memcpy(&amax, &amax_bits, 4);
+  } else {
     __m512 fmax = _mm512_setzero_ps();
     for (int j = 0; j < 8; ++j) fmax = _mm512_max_ps(fmax, _mm512_and_ps(v[j], _mm512_castsi512_ps(abs_mask)));
-    const float amax = std::max(_mm512_reduce_max_ps(fmax), 1e-4f);
-    const __m512 inv = _mm512_set1_ps(448.0f / amax);
-    *scale = amax / 448.0f;
+    amax = _mm512_reduce_max_ps(fmax);
+  }
+  amax = std::max(amax, 1e-4f);
+  const __m512 inv = _mm512_set1_ps(448.0f / amax);
+  *scale = amax / 448.0f;
+  if (!finite) {
     for (int j = 0; j < 8; ++j)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g0 + 16 * j), e4m3_encode16(_mm512_mul_ps(v[j], inv)));
     return;
   }
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  amax = std::max(amax, 1e-4f);
-  const __m512 inv = _mm512_set1_ps(448.0f / amax);
-  *scale = amax / 448.0f;
   __m512i c[8];
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) c[j] = e4m3_finite16(_mm512_mul_ps(v[j], inv));
