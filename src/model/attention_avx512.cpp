@@ -121,12 +121,13 @@ void attend_block(const Block& b, int64_t keys) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int rv = (b.rows + 15) / 16;
   // Row state in lanes; padding lanes start at m = 0, l = 0 and are never stored.
-  alignas(64) float m[kRows], l[kRows], alpha[kRows] = {}, pos[kRows];
+  alignas(64) float m[kRows], l[kRows], alpha[kRows] = {};
+  alignas(64) int32_t pos[kRows];
   for (int r = 0; r < kRows; ++r) {
     const bool real = r < b.rows;
     m[r] = real ? p.m[(b.i0 + r) * p.heads + b.h] : 0.0f;
     l[r] = real ? p.l[(b.i0 + r) * p.heads + b.h] : 0.0f;
-    pos[r] = static_cast<float>(p.q_pos0 + b.i0 + r);  // exact: positions < 2^24
+    pos[r] = static_cast<int32_t>(p.q_pos0 + b.i0 + r);
   }
   const __m512 scale = _mm512_set1_ps(p.scale);
   for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
@@ -141,12 +142,12 @@ void attend_block(const Block& b, int64_t keys) {
     }
     // Scale, hide keys after each row's position, and the online softmax update.
     for (int v = 0; v < rv; ++v) {
-      const __m512 vpos = _mm512_load_ps(pos + 16 * v);
+      const __m512i vpos = _mm512_load_si512(pos + 16 * v);
       __m512 mx = _mm512_set1_ps(neg_inf);
       for (int j = 0; j < nk; ++j) {
         float* s = b.st + j * kRows + 16 * v;
         const __mmask16 seen =
-            _mm512_cmp_ps_mask(vpos, _mm512_set1_ps(static_cast<float>(p.k0 + j0 + j)), _CMP_GE_OQ);
+            _mm512_cmpge_epi32_mask(vpos, _mm512_set1_epi32(static_cast<int32_t>(p.k0 + j0 + j)));
         const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(neg_inf), seen, _mm512_load_ps(s), scale);
         _mm512_store_ps(s, x);
         mx = _mm512_max_ps(mx, x);
