@@ -12,12 +12,11 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/ops.h"
 #include "model/attention.h"
+#include "tensor/tensor.h"
 
 namespace fathom::internal {
 namespace {
@@ -195,12 +194,12 @@ void attend_block(const Block& b, int64_t keys) {
 
 void prefill_attention_rows_avx512(const PrefillAttentionParams& p, int h, int64_t q_begin, int64_t q_end) {
   const int dq = p.d_nope + p.d_rope;
-  thread_local std::vector<float> qt_buf, st_buf;
-  qt_buf.resize(static_cast<size_t>(dq) * kRows + 16);
-  st_buf.resize(static_cast<size_t>(kKeys) * kRows + 16);
-  // 64-byte aligned views (the loads above are aligned)
-  float* qt = qt_buf.data() + ((64 - reinterpret_cast<uintptr_t>(qt_buf.data()) % 64) % 64) / 4;
-  float* st = st_buf.data() + ((64 - reinterpret_cast<uintptr_t>(st_buf.data()) % 64) % 64) / 4;
+  // The transposed queries (64-byte aligned, as the loads above need): grow-only per thread.
+  thread_local Buffer qt_buf;
+  const size_t qt_bytes = static_cast<size_t>(dq) * kRows * sizeof(float);
+  if (qt_buf.size() < qt_bytes) qt_buf = Buffer::allocate(qt_bytes);
+  float* qt = qt_buf.as<float>();
+  alignas(64) float st[kKeys * kRows];
   for (int64_t i0 = q_begin; i0 < q_end; i0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, q_end - i0));
     // Keys up to the block's last row; none for a block entirely before this key block.

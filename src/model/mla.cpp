@@ -77,10 +77,10 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
 Status Model::Impl::per_head_matmul(const WeightView& w, int64_t rows, const float* x, int64_t x_head,
                                     int64_t x_stride, int64_t m, float* y, int64_t y_head, int64_t y_stride) {
   const int64_t H = w.rows / rows;
-  std::vector<WeightView> heads(static_cast<size_t>(H));
+  std::vector<WeightView>& heads = s.head_views;
+  heads.resize(static_cast<size_t>(H));
   for (int64_t h = 0; h < H; ++h) heads[static_cast<size_t>(h)] = TRY(slice_rows(w, h * rows, (h + 1) * rows));
-  stats.weight_bytes += static_cast<double>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.rows * w.cols)));
-  stats.linear_flops += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(m);
+  count_linear(w, m);
   ThreadPool& pool = default_pool();
   pool.run(H, [&](int64_t h, int) {  // matmul runs inline inside a pool task
     matmul(heads[static_cast<size_t>(h)], x + h * x_head, m, y + h * y_head, pool,

@@ -26,6 +26,7 @@ struct Scratch {
   // naive (prefill) form, one key block at a time
   std::vector<float> lat, k_nope, v, att_m, att_l, att_acc, att_out;
   std::vector<float> sel;  // selected rows for the head
+  std::vector<WeightView> head_views;  // per_head_matmul's per-head slices (reused, no per-call allocation)
 };
 
 // Expert parallelism (moe_ep.cpp): the EP groups, buffers and local-expert workspaces.
@@ -46,9 +47,13 @@ struct Model::Impl {
   ForwardStats stats;
   Status per_head_matmul(const WeightView& w, int64_t rows, const float* x, int64_t x_head, int64_t x_stride,
                          int64_t m, float* y, int64_t y_head, int64_t y_stride);
-  void mm(const WeightView& w, const float* x, int64_t m, float* y, const MatmulOptions& o = {}) {
+  // One read of w and its FLOPs for m rows, into stats.
+  void count_linear(const WeightView& w, int64_t m) {
     stats.weight_bytes += static_cast<double>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.rows * w.cols)));
     stats.linear_flops += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(m);
+  }
+  void mm(const WeightView& w, const float* x, int64_t m, float* y, const MatmulOptions& o = {}) {
+    count_linear(w, m);
     matmul(w, x, m, y, default_pool(), o);
   }
 
