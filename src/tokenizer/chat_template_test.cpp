@@ -220,6 +220,43 @@ TEST(ToolCallParser, TruncatedAndMalformedCallsNeverCrash) {
   EXPECT_TRUE(partial.error.ok());
 }
 
+// A header that does not end within max_header_bytes is content, decided on the same bytes
+// however the text is chunked (a fuzzer found the one-shot parse accepting a separator beyond the
+// limit that the streaming parse had already given up on).
+TEST(ToolCallParser, HeadersLongerThanTheLimitParseAlikeInAnyChunking) {
+  const ToolCallParserOptions o{.id_seed = 7, .max_header_bytes = 24};
+  const std::string tail = kSep + "{}" + kCallEnd + " after";
+  const std::vector<std::string> texts = {
+      kCallBegin + "function" + kSep + "a_name_that_is_far_too_long_for_the_limit\n```json\n{}\n```" + kCallEnd,
+      kCallBegin + "name_longer_than_twenty_four_bytes" + tail,
+      kCallBegin + "中文中文中文中文中文" + tail,  // the limit falls inside a character
+      kCallBegin + "short" + tail,              // within the limit: a call
+      kCallBegin + "function" + kSep + "f\n{}" + kCallEnd + kCallBegin + std::string(40, 'x') + kCallEnd,
+  };
+  for (const std::string& text : texts) {
+    const ParsedToolCalls whole = parse_tool_calls(text, o);
+    for (size_t chunk = 1; chunk <= 24; ++chunk) {
+      ToolCallParser p(o);
+      std::string content;
+      size_t n_calls = 0;
+      auto absorb = [&](const ParserDelta& d) {
+        ASSERT_EQ(tok::utf8_valid_prefix(d.content), d.content.size()) << "a delta split a character";
+        content += d.content;
+        for (const ToolCallDelta& c : d.tool_calls) n_calls = std::max(n_calls, static_cast<size_t>(c.index) + 1);
+      };
+      for (size_t pos = 0; pos < text.size(); pos += chunk) absorb(p.push(std::string_view(text).substr(pos, chunk)));
+      absorb(p.finish());
+      ASSERT_EQ(content, whole.content) << "chunk " << chunk << " text " << text;
+      ASSERT_EQ(n_calls, whole.tool_calls.size()) << "chunk " << chunk;
+      ASSERT_EQ(p.error().ok(), whole.error.ok()) << "chunk " << chunk;
+    }
+  }
+  EXPECT_TRUE(parse_tool_calls(texts[1], o).tool_calls.empty());
+  EXPECT_NE(parse_tool_calls(texts[1], o).error.message().find("within 24 bytes"), std::string::npos);
+  ASSERT_EQ(parse_tool_calls(texts[3], o).tool_calls.size(), 1u);
+  EXPECT_EQ(parse_tool_calls(texts[3], o).tool_calls[0].name, "short");
+}
+
 // Random generated output (content, well-formed calls, damaged calls) fed in random chunks:
 // the deltas add up to exactly what the one-shot parse returns.
 TEST(ToolCallParser, StreamingDeltasAddUpToTheOneShotParseOnRandomChunkings) {

@@ -19,6 +19,8 @@ constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kSep = "<｜tool▁sep｜>";
 constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
+constexpr size_t kLongestMarker = std::max({kCallsBegin.size(), kCallsEnd.size(), kCallBegin.size(), kCallEnd.size(),
+                                            kSep.size(), kEos.size()});
 
 // Length of the longest suffix of `s` that is a proper prefix of one of `markers`.
 size_t held_suffix(std::string_view s, std::initializer_list<std::string_view> markers) {
@@ -171,38 +173,41 @@ void ToolCallParser::malformed_header(size_t n, std::string_view why, ParserDelt
   state_ = State::kContent;
 }
 
+// The header must end (after <｜tool▁sep｜>, and for V3 after the newline that ends the name)
+// within max_header_bytes. Every decision depends only on those bytes and on markers that start
+// among them, and is taken only once the buffer holds them and a whole marker more: streamed in
+// any chunks, a header parses exactly as in one piece.
 bool ToolCallParser::step_header(bool at_end, ParserDelta* out) {
+  const size_t limit = options_.max_header_bytes;
   auto [stop, marker] = find_first(buf_, {kCallEnd, kCallBegin, kCallsEnd, kCallsBegin, kEos});
   const size_t sep = buf_.find(kSep);
-  if (sep == std::string::npos || sep > stop) {
-    if (stop != std::string::npos) return malformed_header(stop, "a marker before <｜tool▁sep｜>", out), true;
-    if (buf_.size() > options_.max_header_bytes)
-      return malformed_header(buf_.size(), "no <｜tool▁sep｜>", out), true;
+  size_t end = std::string::npos;  // one past the header
+  bool v3 = false;
+  if (sep != std::string::npos && sep < stop) {
+    v3 = trim(std::string_view(buf_).substr(0, sep)) == "function";
+    if (!v3) {
+      end = sep + kSep.size();
+    } else if (const size_t nl = buf_.find('\n', sep + kSep.size()); nl != std::string::npos && nl < stop) {
+      end = nl + 1;
+    }
+  }
+  if (end == std::string::npos || end > limit) {
+    if (stop < limit) return malformed_header(stop, "a marker before the end of the header", out), true;
+    if (buf_.size() >= limit + kLongestMarker) {  // cut before a character the limit would split
+      const size_t cut = limit - incomplete_utf8_tail(std::string_view(buf_).substr(0, limit));
+      return malformed_header(cut, fmt::format("no header end within {} bytes", limit), out), true;
+    }
     if (at_end) return malformed_header(buf_.size(), "cut off", out), true;
     return false;
   }
-  const std::string_view first = trim(std::string_view(buf_).substr(0, sep));
   std::string name;
-  size_t consumed;
-  if (first == "function") {  // V3: function<｜tool▁sep｜>NAME\n```json\nARGS\n```
-    const size_t nl = buf_.find('\n', sep + kSep.size());
-    if (nl == std::string::npos || nl > stop) {
-      if (stop != std::string::npos)
-        return malformed_header(stop, "no newline after the tool name", out), true;
-      if (buf_.size() > options_.max_header_bytes)
-        return malformed_header(buf_.size(), "tool name too long", out), true;
-      if (at_end) return malformed_header(buf_.size(), "cut off", out), true;
-      return false;
-    }
-    name = std::string(trim(std::string_view(buf_).substr(sep + kSep.size(), nl - sep - kSep.size())));
-    consumed = nl + 1;
+  if (v3) {  // V3: function<｜tool▁sep｜>NAME\n```json\nARGS\n```
+    name = std::string(trim(std::string_view(buf_).substr(sep + kSep.size(), end - 1 - sep - kSep.size())));
   } else {  // V3.1: NAME<｜tool▁sep｜>ARGS
-    name = std::string(first);
-    consumed = sep + kSep.size();
+    name = std::string(trim(std::string_view(buf_).substr(0, sep)));
   }
-  if (name.empty() || name.size() > options_.max_header_bytes)
-    return malformed_header(consumed, "bad tool name", out), true;
-  buf_.erase(0, consumed);
+  if (name.empty()) return malformed_header(end, "bad tool name", out), true;
+  buf_.erase(0, end);
   ToolCall call;
   call.id = next_id();
   call.name = name;
