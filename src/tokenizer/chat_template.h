@@ -103,7 +103,7 @@ struct ParserDelta {
 
 struct ToolCallParserOptions {
   uint64_t id_seed = 0;           // ids are "call_" + 24 chars from this seed (0: from the OS)
-  size_t max_header_bytes = 512;  // a type/name longer than this is malformed (becomes content)
+  size_t max_header_bytes = 512;  // a header not ending within this many bytes is malformed (content)
 };
 
 class ToolCallParser {
