@@ -100,6 +100,10 @@ int run_train(int argc, char** argv) {
   args.option("--eval-batches", &o.eval_batches, "validation micro-batches");
   args.option("--save-every", &o.save_every, "checkpoint every N steps (0: at the end)");
   args.flag("--resume", &o.resume, "continue RUN_DIR/checkpoint.bin (same options)");
+  args.option("--init-from", &o.init_from,
+              "start a new run from a Hugging Face checkpoint's weights (e.g. a `fathom export --dtype f32` "
+              "directory; fresh optimizer state)",
+              "DIR");
   args.option("--time-budget", &time_budget_min, "stop cleanly with a checkpoint after this many minutes",
               "MINUTES");
   args.flag("--no-peak", &no_peak, "skip measuring the fp32 peak (no MFU)");
@@ -115,6 +119,9 @@ int run_train(int argc, char** argv) {
   if (time_budget_min < 0)
     return fail(args.command(), invalid_argument("--time-budget must not be negative"));
   o.time_budget_s = time_budget_min * 60;
+  if (!schedule.empty() && !o.init_from.empty()) {
+    return fail(args.command(), invalid_argument("--init-from is for single-process runs (not with --schedule)"));
+  }
   o.schedule.steps = o.steps;
   auto config = model_config(config_path, preset, layers, experts, o.mtp, o.data_dir);
   if (!config.ok()) return fail(args.command(), config.status());

@@ -76,7 +76,8 @@ Result<ExportResult> export_model(const ExportOptions& o) {
     const ParamInfo* p = layout.find(w.name);
     if (p == nullptr && w.weight == LayerWeight::kMtpEmbed)
       p = layout.find(kHfEmbed);  // shared with the model
-    if (p == nullptr && w.weight == LayerWeight::kMtpHead) p = layout.find(kHfHead);
+    if (p == nullptr && w.weight == LayerWeight::kMtpHead)  // the model's head: the embedding when tied
+      p = layout.find(layout.config.tie_word_embeddings ? kHfEmbed : kHfHead);
     const int64_t cols = w.shape.back();
     if (p == nullptr || p->size != (w.shape.size() > 1 ? w.shape[0] : 1) * cols) {
       if (missing.empty()) missing = w.name;

@@ -181,9 +181,15 @@ void init_params(ModelParams<T>& params, uint64_t seed, double init_scale) {
       case WeightRole::kBias:
         for (int64_t i = 0; i < p.size; ++i) dst[i] = T(0);
         break;
-      case WeightRole::kEmbedding:
-        for (int64_t i = 0; i < p.size; ++i) dst[i] = static_cast<T>(2.0 * rng.uniform() - 1.0);
+      case WeightRole::kEmbedding: {
+        // A tied embedding is also the output head, so it starts like one: logits of unit scale
+        // (docs/MODEL.md, "Tied embeddings"). An untied one keeps U(-1, 1), which the RMSNorm of
+        // the first layer makes scale-free.
+        const bool tied = params.layout->config.tie_word_embeddings;
+        const double a = tied ? init_scale * std::sqrt(3.0 / static_cast<double>(p.shape.back())) : 1.0;
+        for (int64_t i = 0; i < p.size; ++i) dst[i] = static_cast<T>(a * (2.0 * rng.uniform() - 1.0));
         break;
+      }
       default: {
         const double a = init_scale * std::sqrt(3.0 / static_cast<double>(p.shape.back()));
         for (int64_t i = 0; i < p.size; ++i) dst[i] = static_cast<T>(a * (2.0 * rng.uniform() - 1.0));

@@ -107,7 +107,8 @@ struct ModelParams {
 template <class T>
 ModelParams<T> make_params(const ParamLayout& layout);
 // Random initialisation, deterministic for a seed: projections U(-a, a) with a = sqrt(3/fan_in)
-// (scaled by init_scale), embeddings N(0,1)-ish U(-1, 1), norms 1, routing bias 0.
+// (scaled by init_scale), embeddings U(-1, 1) (a tied embedding, which is also the head: like a
+// projection), norms 1, routing bias 0.
 template <class T>
 void init_params(ModelParams<T>& params, uint64_t seed, double init_scale = 1.0);
 // Reads every parameter from a Hugging Face checkpoint (f32/bf16/f16 tensors; errors name the

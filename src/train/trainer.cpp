@@ -129,6 +129,10 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
   ModelParams<float> params = make_params<float>(layout);
   ModelParams<float> grads = make_params<float>(layout);
   init_params(params, o.seed);
+  if (!o.resume && !o.init_from.empty()) {
+    const Status loaded = load_params_hf(params, o.init_from);
+    if (!loaded.ok()) return Status(loaded.code(), fmt::format("train: --init-from: {}", loaded.message()));
+  }
   AdamW adam(layout, o.adamw);
   Sampler sampler(data, o.seq_len, o.seed);
   TRY(make_directories(o.out_dir));
@@ -167,6 +171,7 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
   nlohmann::json run = {{"config", hf_config_json(config)},
                         {"data", std::filesystem::absolute(o.data_dir).string()},
                         {"identity", identity},
+                        {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from)},
                         {"lr", o.schedule.lr},
                         {"min_lr", o.schedule.min_lr},
                         {"warmup", o.schedule.warmup},

@@ -173,6 +173,9 @@ struct TrainerOptions {
   int64_t eval_batches = 4;
   int64_t save_every = 500;  // 0: only at the end / on interruption
   bool resume = false;
+  // A Hugging Face checkpoint (directory or .safetensors) whose weights replace the random
+  // initialisation of a new run; the optimizer starts fresh. Ignored on --resume.
+  std::string init_from;
   double time_budget_s = 0;  // 0: none; else stop cleanly (and checkpoint) when spent
   double peak_gflops = 0;    // for MFU in the log (0: not reported)
   bool progress = true;

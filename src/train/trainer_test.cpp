@@ -3,6 +3,7 @@
 // through the runtime (HF bf16 and GGUF). Seeds are printed (FATHOM_TRAIN_SEED replays).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -242,6 +243,79 @@ TEST_F(TrainRun, BadCheckpointsAreRejectedBeforeAnyWork) {
   EXPECT_EQ(train_model(c, r).status().code(), StatusCode::kNotFound);
 }
 
+// --init-from: a new run starts from an exported checkpoint's weights. With a learning rate far
+// below any weight's rounding step its steps leave them as they are (only the routing bias moves, by the balancing rule), so the
+// new run's checkpoint holds the first run's weights exactly; a checkpoint of another shape is
+// refused, naming the tensor, before any work.
+TEST_F(TrainRun, InitFromStartsFromAnExportedCheckpoint) {
+  const std::string data = write_data(tmp("data"), testing::fresh_seed("trainer init-from"));
+  const ModelConfig c = tiny_model(true);
+  const std::string first = tmp("first"), hf = tmp("hf");
+  ASSERT_TRUE(train_model(c, small_run(data, first, 5)).ok());
+  auto e = export_model({.run_dir = first, .out = hf, .dtype = "f32", .format = "hf"});
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const std::string second = tmp("second");
+  TrainerOptions o = small_run(data, second, 2);
+  o.seed = 99;  // another initialisation: replaced entirely
+  o.schedule = {.lr = 1e-30, .min_lr = 1e-30, .warmup = 0, .steps = 2};
+  o.init_from = hf;
+  auto b = train_model(c, o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const auto pa = checkpoint_params(first, c, true), pb = checkpoint_params(second, c, true);
+  auto layout = make_param_layout(c, true);
+  int64_t differ = 0, biases = 0;
+  for (const ParamInfo& p : layout->params) {
+    for (int64_t i = 0; i < p.size; ++i) {
+      const size_t k = static_cast<size_t>(p.offset + i);
+      (p.role == WeightRole::kBias ? biases : differ) += pa[k] != pb[k];
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_GT(biases, 0);  // the balancing rule ran: the steps were real
+  // Without --init-from, seed 99 starts elsewhere.
+  TrainerOptions fresh = o;
+  fresh.init_from.clear();
+  fresh.out_dir = tmp("fresh");
+  ASSERT_TRUE(train_model(c, fresh).ok());
+  const auto pf = checkpoint_params(fresh.out_dir, c, true);
+  EXPECT_NE(std::memcmp(pa.data(), pf.data(), pa.size() * 4), 0);
+
+  ModelConfig wider = c;
+  wider.moe_intermediate_size = 48;
+  TrainerOptions bad = o;
+  bad.out_dir = tmp("bad");
+  auto s = train_model(wider, bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().to_string().find("--init-from"), std::string::npos) << s.status().to_string();
+  EXPECT_NE(s.status().to_string().find("has shape"), std::string::npos) << s.status().to_string();
+  EXPECT_FALSE(path_exists(bad.out_dir + "/checkpoint.bin"));
+  bad.init_from = tmp("nothing");
+  s = train_model(c, bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().to_string().find("--init-from"), std::string::npos) << s.status().to_string();
+}
+
+// A tied embedding is also the output head, so it starts at a head's scale (U(-a, a) with
+// a = sqrt(3 / hidden)); an untied one at U(-1, 1).
+TEST(TrainInit, TiedEmbeddingsStartAtTheScaleOfAHead) {
+  for (const bool tied : {false, true}) {
+    ModelConfig c = tiny_model(false);
+    c.tie_word_embeddings = tied;
+    auto layout = make_param_layout(c, false);
+    ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+    auto params = make_params<float>(*layout);
+    init_params(params, 7);
+    const ParamInfo* embed = layout->find("model.embed_tokens.weight");
+    ASSERT_NE(embed, nullptr);
+    EXPECT_EQ(layout->find("lm_head.weight") == nullptr, tied);
+    float amax = 0;
+    for (int64_t i = 0; i < embed->size; ++i) amax = std::max(amax, std::abs(params.at(*embed)[i]));
+    const double a = tied ? std::sqrt(3.0 / static_cast<double>(c.hidden_size)) : 1.0;
+    EXPECT_LE(amax, a);
+    EXPECT_GT(amax, 0.95 * a);
+  }
+}
+
 TEST_F(TrainRun, BadDataAndShapesAreRejectedWithClearErrors) {
   const ModelConfig c = tiny_model(false);
   auto expect_error = [&](const std::string& dir, const std::string& needle, const ModelConfig& cfg) {
@@ -354,10 +428,11 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
   return num / den;
 }
 
-TEST_F(TrainRun, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
+// Trains a few steps of `c` (with MTP), exports it in every format and compares the runtime's
+// logits with the trainer's.
+void check_export(const ModelConfig& c) {
   const uint64_t seed = testing::fresh_seed("trainer export");
   const std::string data = write_data(tmp("data"), seed);
-  const ModelConfig c = tiny_model(true);
   const std::string run = tmp("run");
   ASSERT_TRUE(train_model(c, small_run(data, run, 6)).ok());
   const std::string hf = tmp("hf"), gguf = tmp("gguf") + "/model.gguf";
@@ -442,6 +517,16 @@ TEST_F(TrainRun, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) {
   mo.progress = false;
   auto fp8 = Model::load(fp8_dir, mo);
   EXPECT_TRUE(fp8.ok()) << fp8.status().to_string();
+}
+
+TEST_F(TrainRun, ExportedCheckpointsGiveTheTrainersLogitsInTheRuntime) { check_export(tiny_model(true)); }
+
+// A tied embedding is also the head: of the main model and of the MTP module, which in the
+// exported checkpoint gets its own copy (shared_head.head), as DeepSeek's layout has one.
+TEST_F(TrainRun, TiedEmbeddingsExportAndRunLikeTheTrainer) {
+  ModelConfig c = tiny_model(true);
+  c.tie_word_embeddings = true;
+  check_export(c);
 }
 
 }  // namespace
