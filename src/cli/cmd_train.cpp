@@ -120,7 +120,8 @@ int run_train(int argc, char** argv) {
     return fail(args.command(), invalid_argument("--time-budget must not be negative"));
   o.time_budget_s = time_budget_min * 60;
   if (!schedule.empty() && !o.init_from.empty()) {
-    return fail(args.command(), invalid_argument("--init-from is for single-process runs (not with --schedule)"));
+    return fail(args.command(),
+                invalid_argument("--init-from is for single-process runs (not with --schedule)"));
   }
   o.schedule.steps = o.steps;
   auto config = model_config(config_path, preset, layers, experts, o.mtp, o.data_dir);

@@ -183,7 +183,7 @@ void init_params(ModelParams<T>& params, uint64_t seed, double init_scale) {
         break;
       case WeightRole::kEmbedding: {
         // A tied embedding is also the output head, so it starts like one: logits of unit scale
-        // (docs/MODEL.md, "Tied embeddings"). An untied one keeps U(-1, 1), which the RMSNorm of
+        // (docs/train.md, "Tied embeddings"). An untied one keeps U(-1, 1), which the RMSNorm of
         // the first layer makes scale-free.
         const bool tied = params.layout->config.tie_word_embeddings;
         const double a = tied ? init_scale * std::sqrt(3.0 / static_cast<double>(p.shape.back())) : 1.0;

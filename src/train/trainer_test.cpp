@@ -244,9 +244,9 @@ TEST_F(TrainRun, BadCheckpointsAreRejectedBeforeAnyWork) {
 }
 
 // --init-from: a new run starts from an exported checkpoint's weights. With a learning rate far
-// below any weight's rounding step its steps leave them as they are (only the routing bias moves, by the balancing rule), so the
-// new run's checkpoint holds the first run's weights exactly; a checkpoint of another shape is
-// refused, naming the tensor, before any work.
+// below any weight's rounding step its steps leave them as they are (only the routing bias moves,
+// by the balancing rule), so the new run's checkpoint holds the first run's weights exactly; a
+// checkpoint of another shape is refused, naming the tensor, before any work.
 TEST_F(TrainRun, InitFromStartsFromAnExportedCheckpoint) {
   const std::string data = write_data(tmp("data"), testing::fresh_seed("trainer init-from"));
   const ModelConfig c = tiny_model(true);
