@@ -154,7 +154,7 @@ nlohmann::json decode_json(const DecodeRoofline& d, int64_t n_moe) {
 
 nlohmann::json level_json(const LevelResult& r, int64_t n_moe) {
   return {{"concurrency", r.concurrency},
-          {"bandwidth_gbs", (r.bandwidth_before_gbs + r.bandwidth_after_gbs) / 2},
+          {"bandwidth_gbs", r.bandwidth_gbs()},
           {"bandwidth_before_gbs", r.bandwidth_before_gbs},
           {"bandwidth_after_gbs", r.bandwidth_after_gbs},
           {"requests", r.requests},
@@ -192,7 +192,7 @@ void print_table(const std::vector<LevelResult>& levels, int64_t n_moe, bool roo
                   (d.weight_bytes + d.kv_bytes) / steps * 1e-6,
                   (d.linear_flops + d.attention_flops) / steps * 1e-9,
                   d.compute_seconds > d.memory_seconds ? "compute" : "memory",
-                  (r.bandwidth_before_gbs + r.bandwidth_after_gbs) / 2, d.fraction() * 100,
+                  r.bandwidth_gbs(), d.fraction() * 100,
                   r.decode_outer.fraction() * 100);
     }
     std::printf("\n");
@@ -304,7 +304,7 @@ Status run_all(const BenchServeOptions& o, Setup& s, Results& out) {
       level.bandwidth_before_gbs = before;
       level.bandwidth_after_gbs = s.bw_probe->read_gbs();
       Roof roof = s.roof;
-      roof.bandwidth_gbs = (level.bandwidth_before_gbs + level.bandwidth_after_gbs) / 2;
+      roof.bandwidth_gbs = level.bandwidth_gbs();
       level.decode = decode_roofline(level.steps, roof);
     }
     out.levels.push_back(std::move(level));

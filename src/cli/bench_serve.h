@@ -119,6 +119,7 @@ struct LevelResult {
   // right after this level; `decode_outer` by the run-wide higher of the readings before and after
   // all levels (the older, coarser measure).
   double bandwidth_before_gbs = 0, bandwidth_after_gbs = 0;
+  double bandwidth_gbs() const { return (bandwidth_before_gbs + bandwidth_after_gbs) / 2; }  // `decode`'s
   DecodeRoofline decode, decode_outer;
   std::vector<EngineStepReport> steps;  // what `decode` was computed from
 };

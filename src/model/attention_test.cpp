@@ -18,6 +18,13 @@
 namespace fathom {
 namespace {
 
+// A fresh seed per test, printed so that a failure can be replayed.
+uint64_t printed_seed() {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
 struct Case {
   int heads, d_nope, d_rope, d_v;
   int64_t n_q, q_pos0, n_keys, key_block;
@@ -109,9 +116,7 @@ double max_rel_err(const std::vector<float>& got, const std::vector<double>& wan
 }
 
 TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng(printed_seed());
   const SimdLevel native = simd_level_supported();
   const Case fixed[] = {
       {4, 128, 64, 128, 70, 0, 70, 1024},   // V2-Lite head shape, one key block, a row tail
@@ -155,9 +160,7 @@ TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
 // prefills only its suffix, and attention must not be what makes it differ from a whole prefill
 // (the first case is the tiny preset's 874-token prompt with 832 tokens cached).
 TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng(printed_seed());
   for (int rep = 0; rep < 20; ++rep) {
     Case c;
     c.heads = 1 + static_cast<int>(rng.below(3));
