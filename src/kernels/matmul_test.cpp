@@ -117,6 +117,26 @@ TEST(Matmul, EveryMUpToTwoGemmTilesAtEveryLevel) {
   }
 }
 
+// Whole 128-column blocks (every checkpoint's shapes) take the fp8 pair kernel on VBMI CPUs for 2-16
+// activation rows; odd row counts leave a single trailing row to the generic path.
+TEST(Matmul, Fp8WholeBlocksEveryMAndRowParity) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t cols_list[] = {128, 256, 384, 1024};
+  const int64_t rows_list[] = {2, 9, 70, 131, 300};
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t cols : cols_list) {
+      auto w = random_weight(rng, DType::kF8E4M3, rows_list[rng.below(5)], cols);
+      for (int64_t m = 1; m <= 17; ++m) {
+        Case c{w.view.rows, cols, m, rng.below(2) == 1, static_cast<int64_t>(rng.below(3)),
+               static_cast<int64_t>(rng.below(3))};
+        check_case(rng, w.view, c, *pool, describe(DType::kF8E4M3, level, c));
+      }
+    }
+  }
+}
+
 TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
