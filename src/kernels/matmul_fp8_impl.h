@@ -192,15 +192,9 @@ inline constexpr int64_t kMvBlockRows = 8;
 template <class Conv>
 concept HasPairKernel = Conv::kPairKernel;
 
-// Rows prefetched into L1 ahead of the pair being computed (the next pair but one, as fp8_mv_rows
-// does; 8 and 16 rows measured the same), and into L2 from further ahead: the pair kernel asks for
-// lines faster than the L1 misses in flight bring them, so the rows 16 ahead (the eighth pair on)
-// are requested into L2 a pair at a time. Same-process alternation in `fathom bench moe` (old / new
-// time per call, three runs): 16 tokens 1.05-1.09, 28 tokens 1.09-1.11, 48 tokens 1.11 against the
-// intrinsics path without it; 8 rows ahead measured like 16, 32 and 64 no better. The m = 1 kernel
-// got slower with the same L2 requests (0.87-0.91), so it has none.
+// Rows prefetched ahead of the pair being computed (the next pair but one, as fp8_mv_rows does; 8
+// and 16 rows, or also the rows 8-32 ahead into L2, measured the same in `fathom bench moe`).
 inline constexpr int64_t kPfAhead = 4;
-inline constexpr int64_t kL2Ahead = 16;
 
 template <class Conv>
 void fp8_mv_rows_pairs(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
@@ -219,7 +213,6 @@ void fp8_mv_rows_pairs(const WeightView& w, const ActView& x, float* y, int64_t 
       for (; r + 2 <= re; r += 2) {
         // r is even (r0 is), so r + 1 starts no 128-row group: both rows share a scale row
         const uint8_t* pf = c == 0 && r + kPfAhead + 2 <= r1 ? fp8_row(w, r + kPfAhead) : fp8_row(w, r);
-        if (c == 0 && r + kL2Ahead + 2 <= r1) prefetch_range_l2(fp8_row(w, r + kL2Ahead), 2 * K);
         Conv::pair_kernel(mc, fp8_row(w, r), K, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf,
                           &tot[0][0][0]);
         for (int i = 0; i < mc; ++i) {

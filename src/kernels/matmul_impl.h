@@ -102,11 +102,6 @@ inline void prefetch_range_l1(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
 }
-// Requests [p, p + bytes) into L2 (prefetcht1).
-inline void prefetch_range_l2(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-}
 
 // Per-ISA entry points (nullptr-free: each exists for the dtypes its level handles).
 void rows_scalar(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
