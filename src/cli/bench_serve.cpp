@@ -41,6 +41,7 @@ struct BenchServeOptions {
   std::string url, api_key, served_model = "default";
   int64_t seed = 1;
   bool json = false;
+  bool ab = false;
   std::vector<int64_t> levels;  // parsed --concurrency
 };
 
@@ -69,6 +70,9 @@ Status validate(BenchServeOptions& o) {
   if (o.kv_cache_gb && !(*o.kv_cache_gb > 0)) return invalid_argument("--kv-cache-gb must be positive");
   if (o.url.empty() && (!o.api_key.empty() || o.served_model != "default")) {
     return invalid_argument("--api-key and --served-model apply to a server: give its --url");
+  }
+  if (!o.url.empty() && o.ab) {
+    return invalid_argument("--ab alternates the in-process engine's steps: it does not apply with --url");
   }
   if (!o.url.empty() && o.url.rfind("http://", 0) != 0 && o.url.rfind("https://", 0) != 0) {
     return invalid_argument("--url '{}' must start with http:// or https://", o.url);
@@ -149,7 +153,13 @@ nlohmann::json decode_json(const DecodeRoofline& d, int64_t n_moe) {
           {"achieved_gbs", d.step_seconds > 0 ? (d.weight_bytes + d.kv_bytes) / d.step_seconds * 1e-9 : 0},
           {"achieved_gflops",
            d.step_seconds > 0 ? (d.linear_flops + d.attention_flops) / d.step_seconds * 1e-9 : 0},
-          {"roofline_fraction", d.fraction()}};
+          {"roofline_fraction", d.fraction()},
+          {"ab",
+           {{"variant0_seconds", d.ab_seconds[0]},
+            {"variant0_tokens", d.ab_tokens[0]},
+            {"variant1_seconds", d.ab_seconds[1]},
+            {"variant1_tokens", d.ab_tokens[1]},
+            {"variant0_over_variant1", d.ab_ratio()}}}};
 }
 
 nlohmann::json level_json(const LevelResult& r, int64_t n_moe) {
@@ -197,6 +207,16 @@ void print_table(const std::vector<LevelResult>& levels, int64_t n_moe, bool roo
     }
     std::printf("\n");
   }
+  for (const LevelResult& r : levels) {
+    const DecodeRoofline& d = r.decode;
+    if (!roofline || d.ab_tokens[1] == 0) continue;
+    std::printf("A/B at %d clients: variant 0 %.2f ms/token (%lld tokens), variant 1 %.2f ms/token (%lld tokens), "
+                "0 over 1 = %.4f\n",
+                r.concurrency, d.ab_seconds[0] / std::max<double>(1, static_cast<double>(d.ab_tokens[0])) * 1e3,
+                static_cast<long long>(d.ab_tokens[0]),
+                d.ab_seconds[1] / std::max<double>(1, static_cast<double>(d.ab_tokens[1])) * 1e3,
+                static_cast<long long>(d.ab_tokens[1]), d.ab_ratio());
+  }
 }
 
 // What the levels run against: the in-process engine (with the machine measured for the
@@ -236,6 +256,7 @@ Status start_engine(const BenchServeOptions& o, Setup& s) {
                                     : kv_bytes_for(o, *s.model, kv);
   eo.prefix_cache = true;
   eo.speculative = o.speculative;
+  eo.ab_alternate = o.ab;
   StepLog* log = &s.log;
   eo.on_step = [log](const EngineStepReport& r) { log->add(r); };
   s.engine = TRY(Engine::create(*s.model, eo));
@@ -407,7 +428,7 @@ void print_results(const BenchServeOptions& o, const Setup& s, const Results& r)
 void add_options(Args& args, BenchServeOptions& o) {
   args.usage(
       "--model PATH [--concurrency 1,8,16,32] [--prompt-tokens N] [--gen-tokens N] [--prefix-tokens N] "
-      "[--url URL] [--json]");
+      "[--url URL] [--ab] [--json]");
   args.option("--model", &o.model, "Hugging Face model directory or GGUF file", "PATH");
   args.model_load_options();
   args.option("--concurrency", &o.concurrency, "comma-separated levels: clients sending requests at once",
@@ -426,6 +447,9 @@ void add_options(Args& args, BenchServeOptions& o) {
   args.option("--served-model", &o.served_model, "with --url: the model name to request", "NAME");
   args.option("--seed", &o.seed, "seed of the random prompts");
   args.flag("--json", &o.json, "also print one JSON object with raw figures and ratios (last line)");
+  args.flag("--ab", &o.ab,
+            "alternate base/ab.h's variant 0/1 every engine step and report each one's decode time per "
+            "token (measuring a change in one process; docs/DEVELOPING.md)");
   args.epilog(
       "Without --url the engine runs in-process: HTTP overhead is excluded. Roofline per pure decode\n"
       "step: max(bytes / bandwidth, FLOPs / peak) over the step's time, bytes = dense and attention\n"

@@ -61,7 +61,16 @@ struct DecodeRoofline {
   double memory_seconds = 0, compute_seconds = 0;  // sums of per-step bytes/bw and flops/peak
   double roofline_seconds = 0;                     // sum over steps of max(bytes/bw, flops/peak)
   int64_t compute_bound_steps = 0;
+  // Per base/ab.h variant (bench serve --ab): pure decode steps' seconds and decode tokens.
+  double ab_seconds[2] = {0, 0};
+  int64_t ab_tokens[2] = {0, 0};
   double fraction() const { return step_seconds > 0 ? roofline_seconds / step_seconds : 0; }
+  // Decode seconds per token of variant 0 over variant 1's (> 1: variant 1 is faster); 0 without both.
+  double ab_ratio() const {
+    if (ab_tokens[0] == 0 || ab_tokens[1] == 0 || ab_seconds[1] <= 0) return 0;
+    return (ab_seconds[0] / static_cast<double>(ab_tokens[0])) /
+           (ab_seconds[1] / static_cast<double>(ab_tokens[1]));
+  }
 };
 
 DecodeRoofline decode_roofline(const std::vector<EngineStepReport>& steps, const Roof& roof);

@@ -47,6 +47,9 @@ DecodeRoofline decode_roofline(const std::vector<EngineStepReport>& steps, const
         linear / (roof.linear_peak_gflops * 1e9) + attention / (roof.attention_peak_gflops * 1e9);
     ++d.steps;
     d.tokens += s.n_decode_tokens;
+    const int v = s.ab_variant == 1 ? 1 : 0;
+    d.ab_seconds[v] += s.step_seconds;
+    d.ab_tokens[v] += s.n_decode_tokens;
     d.step_seconds += s.step_seconds;
     d.forward_seconds += s.forward_seconds + s.mtp_seconds;
     d.weight_bytes += weight;

@@ -7,6 +7,7 @@
 #include <list>
 #include <thread>
 
+#include "base/ab.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "engine/kv_tier_link.h"
@@ -73,6 +74,7 @@ struct Seq {
 struct Engine::Impl {
   Model* model = nullptr;
   EngineOptions options;
+  int64_t ab_steps = 0;  // steps that ran a forward (options.ab_alternate switches on its parity)
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<KvTier> tier;      // with options.kv_store; destroyed before the cache
   std::unique_ptr<KvTierLink> link;
@@ -445,8 +447,10 @@ void Engine::Impl::fail_all(const Status& st) {
 }
 
 bool Engine::Impl::step() {
+  if (options.ab_alternate) ab::set_variant(static_cast<int>(ab_steps % 2));
   Timer step_clock;
   EngineStepReport report;
+  report.ab_variant = ab::variant();
   // Cancelled requests give their pages back first.
   for (auto it = running.begin(); it != running.end();) {
     if ((*it)->stream->cancelled()) {
@@ -657,6 +661,7 @@ bool Engine::Impl::step() {
   }
   ++stats.steps;
   report.step_seconds = step_clock.elapsed_s();
+  ++ab_steps;  // a step that ran a forward: the next one runs on the other variant
   if (options.on_step) options.on_step(report);  // before publish: a published step was reported
   publish();
   return true;

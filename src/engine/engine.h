@@ -112,6 +112,7 @@ struct EngineStepReport {
   double step_seconds = 0;       // the whole step: scheduling, forward calls, sampling, streaming
   ForwardStats forward;          // bytes and FLOPs of Model::forward
   ForwardStats mtp;              // of Model::mtp_forward
+  int ab_variant = 0;            // base/ab.h variant the step ran with
 };
 
 struct EngineOptions {
@@ -126,6 +127,8 @@ struct EngineOptions {
   // a storage server and reads a prompt's stored prefix back before admission; empty: off.
   KvTierOptions kv_store;
   std::function<void(const EngineStepReport&)> on_step;  // optional per-step observer
+  // Set base/ab.h's variant to 0 and 1 on alternate steps (a measurement harness: `bench serve --ab`).
+  bool ab_alternate = false;
 };
 
 // A fixed-bucket latency histogram (Prometheus semantics: cumulative buckets, sum, count).

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/ab.h"
 #include "base/fs.h"
 #include "base/rng.h"
 #include "engine/engine.h"
@@ -324,6 +325,42 @@ TEST_F(EngineTest, StepReportsAccountForEveryPromptAndDecodeToken) {
   }
   EXPECT_EQ(prefill, prompt_total);
   EXPECT_EQ(decode, gen_total - static_cast<int64_t>(streams.size()));
+}
+
+// `bench serve --ab`: with ab_alternate the engine runs its steps on base/ab.h variants 0 and 1 in
+// turn (steps that ran nothing do not count) and reports each step's variant; without it the
+// variant is left alone.
+TEST_F(EngineTest, AbAlternateRunsStepsOnTheTwoVariantsInTurn) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  for (bool alternate : {true, false}) {
+    std::mutex mu;
+    std::vector<EngineStepReport> steps;
+    EngineOptions eo;
+    eo.max_running = 2;
+    eo.prefix_cache = false;
+    eo.speculative = false;
+    eo.ab_alternate = alternate;
+    eo.on_step = [&](const EngineStepReport& r) {
+      std::lock_guard lock(mu);
+      steps.push_back(r);
+    };
+    ab::set_variant(alternate ? 0 : 1);
+    auto engine = Engine::create(*m, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 3; ++i) {
+      auto s = (*engine)->submit(greedy_request(prompt(20 + 7 * i, 900 + i), 5 + i));
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      streams.push_back(*s);
+    }
+    for (auto& s : streams) EXPECT_EQ(drain(s).finish, FinishReason::kLength);
+    engine->reset();
+    ASSERT_GE(steps.size(), 6u);
+    for (size_t i = 0; i < steps.size(); ++i)
+      EXPECT_EQ(steps[i].ab_variant, alternate ? static_cast<int>(i % 2) : 1) << "step " << i;
+  }
+  ab::set_variant(0);
 }
 
 }  // namespace

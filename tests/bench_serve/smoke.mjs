@@ -60,6 +60,10 @@ try {
     assert.ok(close(o.memory_seconds, (o.weight_bytes + o.kv_bytes) / (j.bandwidth_gbs * 1e9), 1e-6));
     // The first token of a request comes from its prefill step; the rest from decode steps.
     assert.ok(d.tokens > 0 && d.tokens <= l.output_tokens - reqs, JSON.stringify(d));
+    // Without --ab every step runs on variant 0.
+    assert.deepEqual([d.ab.variant0_tokens, d.ab.variant1_tokens, d.ab.variant1_seconds, d.ab.variant0_over_variant1],
+                     [d.tokens, 0, 0, 0]);
+    assert.ok(close(d.ab.variant0_seconds, d.seconds));
     assert.ok(d.steps > 0 && d.weight_bytes > 0 && d.kv_bytes > 0 && d.linear_flops > 0 && d.attention_flops > 0);
     assert.ok(close(d.batch_mean, d.tokens / d.steps));
     assert.ok(d.batch_mean <= l.concurrency + 1e-9);
@@ -90,6 +94,23 @@ try {
   assert.match(r.stdout, /\n\s+4\s+8\s+[\d.]+ /);
   assert.match(r.stdout, /prefix cache: 512-token prefix \+ 32: TTFT uncached [\d.]+ ms, cached [\d.]+ ms \(512 tokens/);
 
+  // 2b. --ab: the engine alternates the two variants step by step; the decode steps split between
+  // them and the ratio is their seconds per token.
+  {
+    const a = bench(['--concurrency', '2', '--prompt-tokens', '32', '--gen-tokens', '12', '--prefix-tokens', '0',
+                     '--ab', '--json']);
+    assert.equal(a.status, 0, `bench serve --ab failed: ${a.stderr}`);
+    const al = a.stdout.trim().split('\n');
+    const d = JSON.parse(al[al.length - 1]).levels[0].decode;
+    assert.equal(d.ab.variant0_tokens + d.ab.variant1_tokens, d.tokens);
+    assert.ok(d.ab.variant0_tokens > 0 && d.ab.variant1_tokens > 0, JSON.stringify(d.ab));
+    assert.ok(Math.abs(d.ab.variant0_tokens - d.ab.variant1_tokens) <= 2 * 2, 'alternate steps of up to 2 tokens');
+    assert.ok(close(d.ab.variant0_seconds + d.ab.variant1_seconds, d.seconds, 1e-9));
+    assert.ok(close(d.ab.variant0_over_variant1, (d.ab.variant0_seconds / d.ab.variant0_tokens) /
+                                                 (d.ab.variant1_seconds / d.ab.variant1_tokens), 1e-9));
+    assert.match(a.stdout, /A\/B at 2 clients: variant 0 [\d.]+ ms\/token \(\d+ tokens\), variant 1 [\d.]+ ms\/token/);
+  }
+
   // 3. Bad options: exit 1 and an error naming the problem (checked before the model loads).
   const bad = [
     [['--concurrency', '0'], /--concurrency: 0 is outside 1\.\.256/],
@@ -103,6 +124,7 @@ try {
     [['--bogus'], /--bogus/],
     [['--api-key', 'k'], /--api-key and --served-model apply to a server: give its --url/],
     [['--url', 'ftp://x'], /--url 'ftp:\/\/x' must start with http:\/\//],
+    [['--ab', '--url', 'http://127.0.0.1:1'], /--ab alternates the in-process engine's steps: it does not apply with --url/],
   ];
   for (const [args, re] of bad) {
     const b = bench(args);
