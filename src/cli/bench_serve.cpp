@@ -212,10 +212,8 @@ void print_table(const std::vector<LevelResult>& levels, int64_t n_moe, bool roo
     if (!roofline || d.ab_tokens[1] == 0) continue;
     std::printf("A/B at %d clients: variant 0 %.2f ms/token (%lld tokens), variant 1 %.2f ms/token (%lld tokens), "
                 "0 over 1 = %.4f\n",
-                r.concurrency, d.ab_seconds[0] / std::max<double>(1, static_cast<double>(d.ab_tokens[0])) * 1e3,
-                static_cast<long long>(d.ab_tokens[0]),
-                d.ab_seconds[1] / std::max<double>(1, static_cast<double>(d.ab_tokens[1])) * 1e3,
-                static_cast<long long>(d.ab_tokens[1]), d.ab_ratio());
+                r.concurrency, d.ab_seconds_per_token(0) * 1e3, static_cast<long long>(d.ab_tokens[0]),
+                d.ab_seconds_per_token(1) * 1e3, static_cast<long long>(d.ab_tokens[1]), d.ab_ratio());
   }
 }
 

@@ -65,11 +65,13 @@ struct DecodeRoofline {
   double ab_seconds[2] = {0, 0};
   int64_t ab_tokens[2] = {0, 0};
   double fraction() const { return step_seconds > 0 ? roofline_seconds / step_seconds : 0; }
+  double ab_seconds_per_token(int v) const {
+    return ab_tokens[v] > 0 ? ab_seconds[v] / static_cast<double>(ab_tokens[v]) : 0;
+  }
   // Decode seconds per token of variant 0 over variant 1's (> 1: variant 1 is faster); 0 without both.
   double ab_ratio() const {
-    if (ab_tokens[0] == 0 || ab_tokens[1] == 0 || ab_seconds[1] <= 0) return 0;
-    return (ab_seconds[0] / static_cast<double>(ab_tokens[0])) /
-           (ab_seconds[1] / static_cast<double>(ab_tokens[1]));
+    const double s0 = ab_seconds_per_token(0), s1 = ab_seconds_per_token(1);
+    return s0 > 0 && s1 > 0 ? s0 / s1 : 0;
   }
 };
 

@@ -8,8 +8,8 @@
 // each 128-column block is summed in fp32 and multiplied by its scale.
 //  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step.
 //  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too, two weight rows against chunks of up to four
-//    activation rows (fp8_mv_rows; with the VBMI converter and whole 128-column blocks, its
-//    assembly pair kernel, fp8_mv_rows_pairs). m = 2 went through fp8_matvec_rows<2> before, whose
+//    activation rows (fp8_mv_rows; with the VBMI converter and whole 128-column blocks, through
+//    its assembly pair kernel, fp8_pair). m = 2 went through fp8_matvec_rows<2> before, whose
 //    one-thread cache-resident ceiling was half of fp8_mv_rows' (17.8 against 35.1 GB/s, `bench
 //    gemm --dtype fp8 --m 2 --n 1408 --k 2048 --ceiling`).
 //  - m > 16: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
@@ -187,62 +187,37 @@ void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, f
 // block is swept; the first sweep streams the weights from memory, prefetching two groups ahead.
 inline constexpr int64_t kMvBlockRows = 8;
 
-// Converters with a two-row assembly kernel (Conv::pair_kernel, K % 128 == 0) for chunks of 1-4
-// activation rows; the same blocks, chunks and prefetch distance as below.
+// Converters with a two-row assembly kernel (Conv::pair_kernel) take it in fp8_mv_rows for whole
+// 128-column blocks: see fp8_pair.
 template <class Conv>
 concept HasPairKernel = Conv::kPairKernel;
 
-// Rows prefetched ahead of the pair being computed (the next pair but one, as fp8_mv_rows does; 8
-// and 16 rows measured the same in `fathom bench moe`). Also requesting the rows 16 ahead into L2
-// made `bench moe` calls 1.05-1.11x faster but batched decode steps 5.6% slower (alternated steps in
-// one `bench serve` process), so there is none.
-inline constexpr int64_t kPfAhead = 4;
-
+// Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel, which
+// leaves per-lane totals to reduce here; pf, pf + K: the rows to prefetch (these rows again when
+// there are no next ones). r is even, so r + 1 starts no 128-row group and both rows share a scale
+// row. Also requesting the rows 16 ahead into L2 made `bench moe` calls 1.05-1.11x faster but
+// batched decode steps 5.6% slower (steps alternated in one `bench serve` process), so it has none.
 template <class Conv>
-void fp8_mv_rows_pairs(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
-                       int64_t r0, int64_t r1) {
-  const Conv conv;
-  const int64_t K = w.cols, m = x.m;
-  prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kPfAhead, r1 - r0) * K);  // the first two pairs
-  const int64_t n_chunks = (m + kChunk - 1) / kChunk;
+void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+              int64_t m0, int mc, const uint8_t* pf) {
   alignas(64) float tot[2][kChunk][16];
-  for (int64_t rb = r0; rb < r1; rb += kMvBlockRows) {
-    const int64_t re = std::min(r1, rb + kMvBlockRows);
-    int64_t m0 = 0;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const int mc = static_cast<int>((m - m0) / (n_chunks - c));
-      int64_t r = rb;
-      for (; r + 2 <= re; r += 2) {
-        // r is even (r0 is), so r + 1 starts no 128-row group: both rows share a scale row
-        const uint8_t* pf = c == 0 && r + kPfAhead + 2 <= r1 ? fp8_row(w, r + kPfAhead) : fp8_row(w, r);
-        Conv::pair_kernel(mc, fp8_row(w, r), K, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf,
-                          &tot[0][0][0]);
-        for (int i = 0; i < mc; ++i) {
-          alignas(16) float s[4];
-          _mm_store_ps(s, hsum4(_mm512_load_ps(tot[0][i]), _mm512_load_ps(tot[1][i]), _mm512_setzero_ps(),
-                                _mm512_setzero_ps()));
-          float* yr = y + (m0 + i) * ldy + r;
-          yr[0] = accumulate ? yr[0] + s[0] : s[0];
-          yr[1] = accumulate ? yr[1] + s[1] : s[1];
-        }
-      }
-      if (r < re) fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, nullptr, 0);
-      m0 += mc;
-    }
+  Conv::pair_kernel(mc, fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf,
+                    &tot[0][0][0]);
+  for (int i = 0; i < mc; ++i) {
+    float* yr = y + (m0 + i) * ldy + r;
+    const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot[0][i]));
+    const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(tot[1][i]));
+    yr[0] = accumulate ? yr[0] + s0 : s0;
+    yr[1] = accumulate ? yr[1] + s1 : s1;
   }
 }
 
 template <class Conv>
 void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
-  if constexpr (HasPairKernel<Conv>) {
-    if (w.cols % 128 == 0 && r0 % 2 == 0) {
-      fp8_mv_rows_pairs<Conv>(w, x, y, ldy, accumulate, r0, r1);
-      return;
-    }
-  }
   const Conv conv;
   constexpr int R = 2;
+  [[maybe_unused]] const bool pairs = HasPairKernel<Conv> && w.cols % 128 == 0 && r0 % 2 == 0;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(2 * R, r1 - r0) * w.cols);  // the first two groups
   const int64_t m = x.m;
   const int64_t n_chunks = (m + kChunk - 1) / kChunk;
@@ -254,6 +229,12 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
       int64_t r = rb;
       for (; r + R <= re; r += R) {
         const int64_t nr = c == 0 ? std::min<int64_t>(R, r1 - (r + 2 * R)) : 0;
+        if constexpr (HasPairKernel<Conv>) {
+          if (pairs) {
+            fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, fp8_row(w, nr == R ? r + 2 * R : r));
+            continue;
+          }
+        }
         fp8_mv_chunk_any<Conv, R>(conv, w, x, y, ldy, accumulate, r, m0, mc,
                                   nr > 0 ? fp8_row(w, r + 2 * R) : nullptr, static_cast<int>(nr));
       }

@@ -134,43 +134,35 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   const uint8_t* w1e = w0 + 2 * K;
   const uint8_t* p0e = pf + K;
   const uint8_t* p1e = pf + 2 * K;
-  const uint16_t* x0 = x + K;  // bf16 rows are indexed by 2 * k bytes
-  const uint16_t* x1 = x0 + xs;
-  const uint16_t* x2 = x1 + xs;
-  const uint16_t* x3 = x2 + xs;
+  // bf16 rows are indexed by 2 * k bytes; rows beyond m point at row 0 (never read)
+  const uint16_t* x0 = x + K;
+  const uint16_t* x1 = m > 1 ? x0 + xs : x0;
+  const uint16_t* x2 = m > 2 ? x0 + 2 * xs : x0;
+  const uint16_t* x3 = m > 3 ? x0 + 3 * xs : x0;
   const float* s = scale;
   const uint8_t* tab = kByteTables.lo;  // lo[128] then hi[128]
   const uint32_t sign = 0x80808080u;
+#define F8_PAIR_ASM(DP, FMA)                                                                          \
+  asm volatile(F8_PAIR_LOOP(DP, FMA)                                                                   \
+               : [k] "+r"(k), [s] "+r"(s)                                                              \
+               : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1), \
+                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [tab] "r"(tab), [sign] "r"(sign)           \
+               : F8_CLOBBERS)
   switch (m) {
     case 1:
-      asm volatile(F8_PAIR_LOOP(F8_DP1, F8_FMA1)
-                   : [k] "+r"(k), [s] "+r"(s)
-                   : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [tot] "r"(tot),
-                     [tab] "r"(tab), [sign] "r"(sign)
-                   : F8_CLOBBERS);
+      F8_PAIR_ASM(F8_DP1, F8_FMA1);
       return;
     case 2:
-      asm volatile(F8_PAIR_LOOP(F8_DP2, F8_FMA2)
-                   : [k] "+r"(k), [s] "+r"(s)
-                   : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),
-                     [tot] "r"(tot), [tab] "r"(tab), [sign] "r"(sign)
-                   : F8_CLOBBERS);
+      F8_PAIR_ASM(F8_DP2, F8_FMA2);
       return;
     case 3:
-      asm volatile(F8_PAIR_LOOP(F8_DP3, F8_FMA3)
-                   : [k] "+r"(k), [s] "+r"(s)
-                   : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),
-                     [x2] "r"(x2), [tot] "r"(tot), [tab] "r"(tab), [sign] "r"(sign)
-                   : F8_CLOBBERS);
+      F8_PAIR_ASM(F8_DP3, F8_FMA3);
       return;
     default:
-      asm volatile(F8_PAIR_LOOP(F8_DP4, F8_FMA4)
-                   : [k] "+r"(k), [s] "+r"(s)
-                   : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),
-                     [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [tab] "r"(tab), [sign] "r"(sign)
-                   : F8_CLOBBERS);
+      F8_PAIR_ASM(F8_DP4, F8_FMA4);
       return;
   }
+#undef F8_PAIR_ASM
 }
 
 }  // namespace

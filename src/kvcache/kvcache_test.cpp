@@ -2,9 +2,9 @@
 // publishing and prefix attach, page blobs (round trip and every corruption), the kernel view, and
 // the decode kernel reading this cache against a float64 reference.
 #include <gtest/gtest.h>
-#include <xxhash.h>
 
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -41,7 +41,10 @@ std::vector<float> token_values(const MlaKvFormat& f, int layer, int32_t tok) {
 }
 
 // Appends tokens and writes their values in every layer.
-void feed(KvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
+// Appends tokens and writes each layer's token_values; `layer1_value`, when given, replaces layer
+// 1's values (the same tokens with other KV bytes).
+void feed(KvCache& c, SeqId seq, const std::vector<int32_t>& tokens,
+          std::optional<float> layer1_value = std::nullopt) {
   const int64_t pos = c.seq_len(seq).value();
   ASSERT_TRUE(c.append(seq, tokens).ok());
   for (int l = 0; l < c.n_layers(); ++l) {
@@ -50,6 +53,7 @@ void feed(KvCache& c, SeqId seq, const std::vector<int32_t>& tokens) {
       auto v = token_values(c.format(), l, t);
       vals.insert(vals.end(), v.begin(), v.end());
     }
+    if (l == 1 && layer1_value) std::fill(vals.begin(), vals.end(), *layer1_value);
     ASSERT_TRUE(c.write(seq, l, pos, vals).ok());
   }
 }
@@ -261,14 +265,28 @@ TEST(KvCache, PageBlobsRoundTripBetweenCaches) {
   }
 }
 
-TEST(KvCache, ImportRejectsCorruptOrForeignBlobs) {
-  auto src = make_cache(4);
-  const SeqId s = src->add_sequence().value();
-  feed(*src, s, iota_tokens(4, 3));
+// A 4-page cache holding one full page (tokens 3..6) and that page exported; `layer1_value` as in
+// feed (same page hash, other bytes).
+struct ExportedPage {
+  std::unique_ptr<KvCache> src;
+  PageHash hash{};
+  std::vector<uint8_t> blob;
+};
+ExportedPage export_first_page(std::optional<float> layer1_value = std::nullopt) {
+  ExportedPage e;
+  e.src = make_cache(4);
+  const SeqId s = e.src->add_sequence().value();
+  feed(*e.src, s, iota_tokens(4, 3), layer1_value);
   std::vector<PageHash> chain;
-  kv_hash_chain(src->hash_seed(), iota_tokens(4, 3), 4, &chain);
-  std::vector<uint8_t> blob(static_cast<size_t>(src->export_blob_bytes()));
-  ASSERT_TRUE(src->export_page(chain[0], blob).ok());
+  kv_hash_chain(e.src->hash_seed(), iota_tokens(4, 3), 4, &chain);
+  e.hash = chain[0];
+  e.blob.resize(static_cast<size_t>(e.src->export_blob_bytes()));
+  EXPECT_TRUE(e.src->export_page(e.hash, e.blob).ok());
+  return e;
+}
+
+TEST(KvCache, ImportRejectsCorruptOrForeignBlobs) {
+  auto [src, hash, blob] = export_first_page();
   auto dst = make_cache(4);
   auto expect_error = [&](std::vector<uint8_t> b, StatusCode code, const char* text, const PageHash& parent) {
     auto r = dst->import_page(parent, b);
@@ -292,7 +310,7 @@ TEST(KvCache, ImportRejectsCorruptOrForeignBlobs) {
   b = blob;
   b.pop_back();
   expect_error(b, StatusCode::kInvalidArgument, "blob is", seed);
-  expect_error(blob, StatusCode::kCorrupt, "hash to", chain[0]);  // wrong parent
+  expect_error(blob, StatusCode::kCorrupt, "hash to", hash);  // wrong parent
   // Another model's cache has another seed: the same blob does not chain there.
   KvCacheOptions o = src->options();
   o.model_fingerprint = kv_model_fingerprint("cfg", "other weights");
@@ -306,23 +324,16 @@ TEST(KvCache, ImportRejectsCorruptOrForeignBlobs) {
 // the cached bytes (it only marks the page used), even if the blob's KV bytes differ (found by
 // fuzz.kv_blob, whose harness had assumed the blob's bytes would come back).
 TEST(KvCache, ImportingAPageAlreadyCachedKeepsTheCachedBytes) {
-  auto src = make_cache(4);
-  const SeqId s = src->add_sequence().value();
-  feed(*src, s, iota_tokens(4, 3));
-  std::vector<PageHash> chain;
-  kv_hash_chain(src->hash_seed(), iota_tokens(4, 3), 4, &chain);
-  std::vector<uint8_t> blob(static_cast<size_t>(src->export_blob_bytes()));
-  ASSERT_TRUE(src->export_page(chain[0], blob).ok());
+  const ExportedPage first = export_first_page();
+  const ExportedPage other = export_first_page(0.25f);  // a valid blob of the same page, other KV
+  ASSERT_EQ(other.hash, first.hash);
+  ASSERT_NE(other.blob, first.blob);
   auto dst = make_cache(4);
-  ASSERT_EQ(dst->import_page(dst->hash_seed(), blob).value(), chain[0]);
-  auto other = blob;
-  other[other.size() - 1] ^= 0x5a;  // a KV byte of the last layer, checksum made valid again
-  const uint64_t sum = XXH3_64bits(other.data() + 128, other.size() - 128);
-  for (int i = 0; i < 8; ++i) other[64 + static_cast<size_t>(i)] = static_cast<uint8_t>(sum >> (8 * i));
-  ASSERT_EQ(dst->import_page(dst->hash_seed(), other).value(), chain[0]);
-  std::vector<uint8_t> back(blob.size());
-  ASSERT_TRUE(dst->export_page(chain[0], back).ok());
-  EXPECT_EQ(back, blob);
+  ASSERT_EQ(dst->import_page(dst->hash_seed(), first.blob).value(), first.hash);
+  ASSERT_EQ(dst->import_page(dst->hash_seed(), other.blob).value(), first.hash);
+  std::vector<uint8_t> back(first.blob.size());
+  ASSERT_TRUE(dst->export_page(first.hash, back).ok());
+  EXPECT_EQ(back, first.blob);
   EXPECT_EQ(dst->stats().pages_cached, 1);
 }
 
