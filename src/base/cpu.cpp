@@ -9,6 +9,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace fathom {
 namespace {
@@ -166,5 +170,34 @@ SimdLevel simd_level() {
 }
 
 void set_simd_level_cap(SimdLevel cap) { cap_ref().store(static_cast<int>(cap)); }
+
+namespace {
+
+bool amx_detect() {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.amx_tile && f.amx_bf16 && f.avx512_bf16)) return false;
+  if (const char* env = std::getenv("FATHOM_AMX"); env != nullptr && std::strcmp(env, "0") == 0) return false;
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023;  // asm/prctl.h
+  constexpr long kXfeatureXtileData = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool>& amx_enabled_ref() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+}  // namespace
+
+bool amx_bf16_usable() {
+  static const bool usable = amx_detect();
+  return usable && amx_enabled_ref().load(std::memory_order_relaxed);
+}
+
+void set_amx_enabled(bool enabled) { amx_enabled_ref().store(enabled); }
 
 }  // namespace fathom

@@ -48,4 +48,12 @@ SimdLevel simd_level_supported();
 SimdLevel simd_level();
 void set_simd_level_cap(SimdLevel cap);
 
+// Whether AMX BF16 tile instructions may run in this process: the CPU has AMX-TILE and AMX-BF16,
+// the OS enables the tile state, and Linux granted this process the tile data permission
+// (arch_prctl ARCH_REQ_XCOMP_PERM, requested once on the first call). FATHOM_AMX=0 turns it off
+// for the process (to compare paths); kernels also honour set_amx_enabled for tests.
+bool amx_bf16_usable();
+// Overrides amx_bf16_usable for tests and benchmarks: false disables AMX, true restores detection.
+void set_amx_enabled(bool enabled);
+
 }  // namespace fathom

@@ -36,8 +36,9 @@ double peak_for(DType d, const PeakCompute& p, std::string* which) {
     *which = "f32";
     return p.f32_gflops;
   }
-  *which = "bf16";
-  return p.bf16_gflops;
+  // matmul's BF16 arithmetic: AMX tiles where they run, else vdpbf16ps
+  *which = p.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";
+  return p.matmul_bf16_gflops();
 }
 
 int run_bench_decode(int argc, char** argv) {
@@ -183,6 +184,7 @@ int run_bench_decode(int argc, char** argv) {
                         {"peak_after_prefill_gflops", peak_after},
                         {"peak_at_start_gflops", peak_start},
                         {"peak_bf16_gflops", peak.bf16_gflops},
+                        {"peak_amx_bf16_gflops", peak.amx_bf16_gflops},
                         {"peak_int8_gops", peak.int8_gops},
                         {"peak_f32_gflops", peak.f32_gflops},
                         {"decode_roofline_fraction", decode_fraction},

@@ -134,6 +134,7 @@ double cpu_peak(const std::string& arith) {
   double (*loop)(uint64_t) = nullptr;
   const SimdLevel l = simd_level();
   if (arith == "bf16") loop = internal::peak_bf16_avx512bf16;
+  if (arith == "amx_bf16") loop = internal::peak_amx_bf16;
   if (arith == "int8") loop = l >= SimdLevel::kAvx512 ? internal::peak_int8_avx512 : internal::peak_int8_avx2;
   if (arith == "f32") loop = l >= SimdLevel::kAvx512 ? internal::peak_f32_avx512 : internal::peak_f32_avx2;
   if (loop == nullptr || l < SimdLevel::kAvx2) return 0;
@@ -153,8 +154,8 @@ double peak_for(DType dtype, const PeakCompute& peak, std::string* arith) {
     return peak.int8_gops;
   }
   if ((dtype == DType::kBF16 || dtype == DType::kF8E4M3) && peak.level >= SimdLevel::kAvx512Bf16) {
-    *arith = "bf16";
-    return peak.bf16_gflops;
+    *arith = peak.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";  // AMX tiles where they run
+    return peak.matmul_bf16_gflops();
   }
   *arith = "f32";
   return peak.f32_gflops;
@@ -291,6 +292,7 @@ int run_gemm(int argc, char** argv) {
                         {"arithmetic", lim.arith},
                         {"read_gbs", lim.bw.read_gbs},
                         {"bf16_gflops", lim.peak.bf16_gflops},
+                        {"amx_bf16_gflops", lim.peak.amx_bf16_gflops},
                         {"int8_gops", lim.peak.int8_gops},
                         {"f32_gflops", lim.peak.f32_gflops},
                         {"peak_gops_used", lim.peak_ops},

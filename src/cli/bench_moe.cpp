@@ -184,7 +184,7 @@ int run_moe(int argc, char** argv) {
   const bool quant = *dtype == DType::kQ8_0 || *dtype == DType::kQ4_0;
   const bool bf16ish =
       (*dtype == DType::kBF16 || *dtype == DType::kF8E4M3) && lim.peak.level >= SimdLevel::kAvx512Bf16;
-  lim.peak_ops = quant ? lim.peak.int8_gops : bf16ish ? lim.peak.bf16_gflops : lim.peak.f32_gflops;
+  lim.peak_ops = quant ? lim.peak.int8_gops : bf16ish ? lim.peak.matmul_bf16_gflops() : lim.peak.f32_gflops;
   if (!o.json) {
     std::printf("threads %d, %s experts %lld x [%lld, %lld] %s, read %.1f GB/s, peak %.1f GOP/s\n",
                 pool.size(), o.preset.c_str(), static_cast<long long>(p.n_experts),
@@ -204,6 +204,7 @@ int run_moe(int argc, char** argv) {
                         {"read_gbs", lim.bw.read_gbs},
                         {"peak_gops_used", lim.peak_ops},
                         {"bf16_gflops", lim.peak.bf16_gflops},
+                        {"amx_bf16_gflops", lim.peak.amx_bf16_gflops},
                         {"int8_gops", lim.peak.int8_gops},
                         {"f32_gflops", lim.peak.f32_gflops},
                         {"results", results}};

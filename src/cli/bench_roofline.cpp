@@ -35,6 +35,7 @@ int run_roofline(int argc, char** argv) {
                         {"copy_gbs", bw.copy_gbs},
                         {"triad_gbs", bw.triad_gbs},
                         {"bf16_gflops", peak.bf16_gflops},
+                        {"amx_bf16_gflops", peak.amx_bf16_gflops},
                         {"int8_gops", peak.int8_gops},
                         {"f32_gflops", peak.f32_gflops}};
     print_json_line(j.dump());
@@ -45,6 +46,7 @@ int run_roofline(int argc, char** argv) {
   std::printf("memory: read %.1f GB/s, copy %.1f GB/s, triad %.1f GB/s\n", bw.read_gbs, bw.copy_gbs, bw.triad_gbs);
   std::printf("peak:   bf16 %.1f GFLOP/s, int8 %.1f GOP/s, f32 %.1f GFLOP/s\n", peak.bf16_gflops, peak.int8_gops,
               peak.f32_gflops);
+  if (peak.amx_bf16_gflops > 0) std::printf("        amx bf16 %.1f GFLOP/s (tiles)\n", peak.amx_bf16_gflops);
   return 0;
 }
 

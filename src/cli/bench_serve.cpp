@@ -119,8 +119,9 @@ double linear_peak(DType d, const PeakCompute& p, std::string* which) {
     *which = "f32";
     return p.f32_gflops;
   }
-  *which = "bf16";
-  return p.bf16_gflops;
+  // matmul's BF16 arithmetic: AMX tiles where they run, else vdpbf16ps
+  *which = p.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";
+  return p.matmul_bf16_gflops();
 }
 
 int64_t moe_layers(const ModelConfig& c) {
@@ -376,6 +377,7 @@ nlohmann::json result_json(const BenchServeOptions& o, const Setup& s, const Res
               {"peak_arithmetic", s.arith},
               {"peak_gflops", s.roof.linear_peak_gflops},
               {"peak_bf16_gflops", s.peak.bf16_gflops},
+              {"peak_amx_bf16_gflops", s.peak.amx_bf16_gflops},
               {"peak_int8_gops", s.peak.int8_gops},
               {"peak_f32_gflops", s.peak.f32_gflops}});
   }
@@ -397,9 +399,9 @@ void print_results(const BenchServeOptions& o, const Setup& s, const Results& r)
     std::printf(
         "machine: read %.1f GB/s (the higher of %.1f before and %.1f after the run: the outer roofline; each "
         "level's roofline uses the mean of readings right before and after it), peak bf16 %.0f GFLOP/s, "
-        "int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
-        s.bw.read_gbs, s.bw_before.read_gbs, s.bw_after.read_gbs, s.peak.bf16_gflops, s.peak.int8_gops,
-        s.peak.f32_gflops, default_pool().size());
+        "amx bf16 %.0f GFLOP/s, int8 %.0f GOP/s, f32 %.0f GFLOP/s (%d threads)\n",
+        s.bw.read_gbs, s.bw_before.read_gbs, s.bw_after.read_gbs, s.peak.bf16_gflops, s.peak.amx_bf16_gflops,
+        s.peak.int8_gops, s.peak.f32_gflops, default_pool().size());
     std::printf(
         "model: %s (%s weights, linears vs the %s peak), prompt %lld + %lld output tokens per request, "
         "in-process engine (HTTP excluded)\n",

@@ -180,8 +180,8 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   switch (kind) {
     case ActKind::kF32:
       return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
-    case ActKind::kBF16:
-      return align64(rows * s * 2);
+    case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt)
+      return align64(rows * s * 2) + align64((s / 2) * (rows + 16) * 4);
     case ActKind::kQ8:
       return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
   }
@@ -204,6 +204,7 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
       a.stride = padded(k);
       a.bf16 = reinterpret_cast<uint16_t*>(base);
       a.bf16_perm64 = perm64;
+      a.xt_space = reinterpret_cast<uint32_t*>(base + align64(rows * static_cast<uint64_t>(a.stride) * 2));
       return a;
     case ActKind::kQ8: {
       const int64_t s = padded(k);
@@ -234,6 +235,8 @@ ActView act_rows(const ActView& a, int64_t begin, int64_t count) {
   r.m = count;
   if (a.f32 != nullptr) r.f32 = a.f32 + begin * a.stride;
   if (a.bf16 != nullptr) r.bf16 = a.bf16 + begin * a.stride;
+  if (a.xt != nullptr) r.xt = a.xt + begin;
+  r.xt_space = nullptr;
   if (a.q != nullptr) {
     r.q = a.q + begin * a.stride;
     r.qd = a.qd + begin * (a.stride / kQBlock);
@@ -271,8 +274,24 @@ void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64
   }
 }
 
+bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
+  if (level < SimdLevel::kAvx512Bf16 || m < kAmxMinM || k % 64 != 0 || !amx_bf16_usable()) return false;
+  return dtype == DType::kBF16 || (dtype == DType::kF8E4M3 && fp8_use_vbmi(level));
+}
+
+void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool) {
+  if (a.kind != ActKind::kBF16 || a.xt_space == nullptr || !amx_wanted(dtype, level, a.m, a.k)) return;
+  const int64_t n_kp = a.stride / 2, stride = a.m + 16;
+  uint32_t* xt = a.xt_space;
+  pool.parallel_for((n_kp + 15) / 16, 8, [&](int64_t b0, int64_t b1, int) {
+    act_transpose_pairs_avx512(a.bf16, a.m, a.stride, b0 * 16, std::min(n_kp, b1 * 16), xt, stride);
+  });
+  a.xt = xt;
+  a.xt_stride = stride;
+}
+
 ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
-                            int64_t x_stride, void* scratch, ThreadPool& pool) {
+                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt) {
   const ActKind kind = act_kind_for(dtype, level);
   if (kind == ActKind::kF32 && !needs_rounding(dtype)) {
     ActView a;
@@ -284,7 +303,7 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
     return a;
   }
   const bool perm = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
-  const ActView a = layout_activations(kind, perm, m, k, scratch);
+  ActView a = layout_activations(kind, perm, m, k, scratch);
   // rows are independent: split them over the pool when there is enough work
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));
   pool.parallel_for(m, grain, [&](int64_t i0, int64_t i1, int) {
@@ -304,6 +323,7 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
         return;
     }
   });
+  if (build_xt) act_build_xt(a, dtype, level, pool);
   return a;
 }
 
@@ -349,6 +369,8 @@ RowsKernel rows_kernel_for(DType dtype, SimdLevel level) {
 }
 
 int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m) {
+  // AMX tiles take 16-row panels (amx_rows_ok needs r0 % 16 == 0); 64 is a multiple
+  if (amx_wanted(dtype, level, m, 64) && m <= matvec_max_m(dtype, level)) return 16;
   if (m <= matvec_max_m(dtype, level) || level < SimdLevel::kAvx512) return 8;
   const bool quant = dtype == DType::kQ8_0 || dtype == DType::kQ4_0;
   const bool bf16ish = dtype == DType::kBF16 || dtype == DType::kF8E4M3;

@@ -11,40 +11,12 @@
 // instruction stream with fixed registers; `fathom bench gemm --dtype fp8 --m 4 --ceiling`).
 #include "base/check.h"
 #include "kernels/matmul_fp8_impl.h"
+#include "kernels/matmul_fp8vbmi_conv.h"
 
 namespace fathom::matmul_internal {
 namespace {
 
-struct ByteTables {
-  alignas(64) uint8_t lo[128];
-  alignas(64) uint8_t hi[128];
-  constexpr ByteTables() : lo(), hi() {
-    for (int i = 0; i < 128; ++i) {
-      lo[i] = static_cast<uint8_t>(e4m3_mag_to_bf16(i) & 0xff);
-      hi[i] = static_cast<uint8_t>(e4m3_mag_to_bf16(i) >> 8);
-    }
-  }
-};
-inline constexpr ByteTables kByteTables{};
-
-struct Fp8VbmiConv {
-  __m512i lo0, lo1, hi0, hi1;
-  Fp8VbmiConv()
-      : lo0(_mm512_load_si512(kByteTables.lo)),
-        lo1(_mm512_load_si512(kByteTables.lo + 64)),
-        hi0(_mm512_load_si512(kByteTables.hi)),
-        hi1(_mm512_load_si512(kByteTables.hi + 64)) {}
-  // a: bf16 of bytes 0-7, 16-23, 32-39, 48-55; b: bytes 8-15, 24-31, 40-47, 56-63.
-  inline void convert64(const uint8_t* p, __mmask64 mask, __m512i& a, __m512i& b) const {
-    const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
-    const __m512i lo = _mm512_permutex2var_epi8(lo0, v, lo1);  // index bits 0-6; the sign bit is ignored
-    const __m512i hi =
-        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, v, hi1), v,
-                                  _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // hi | (v & 0x80)
-    a = _mm512_unpacklo_epi8(lo, hi);
-    b = _mm512_unpackhi_epi8(lo, hi);
-  }
-
+struct Fp8VbmiConv : Fp8VbmiConvert {
   // Two consecutive weight rows (w0, w0 + K; both in one 128-row scale group, so one scale row)
   // against M (1..4) activation rows x + m * xs (bf16, perm64 order): tot[i][m] (16 lanes each,
   // [2][4][16]) receives, per 128-column block, the block's dot products times its scale, summed in

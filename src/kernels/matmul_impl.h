@@ -41,6 +41,13 @@ struct ActView {
   const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
   const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
   const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
+  // AMX (matmul_amx_avx512bf16.cpp): the kBF16 rows as 32-bit column pairs, transposed:
+  // xt[kp * xt_stride + i] = columns (2kp, 2kp+1), in the row's stored order, of row i. The
+  // xt_stride - m columns past the last row are zero, so a 16-column tile that starts at any row
+  // stays inside. Null until act_build_xt fills it (only where the AMX kernels will run).
+  const uint32_t* xt = nullptr;
+  int64_t xt_stride = 0;
+  uint32_t* xt_space = nullptr;  // where act_build_xt writes (whole views from layout_activations)
 };
 
 // Whether fp8 weights use the AVX-512 VBMI converter (CPU support, unless overridden for tests:
@@ -56,14 +63,22 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k);
 
 // Fills `scratch` (act_scratch_bytes, 64-byte aligned) and returns the view. Rows are split over
 // the pool. x_stride in elements.
+// build_xt false skips the AMX transposed pairs (a view that is only copied from, say).
 ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
-                            int64_t x_stride, void* scratch, ThreadPool& pool);
+                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt = true);
 
 // The buffers of a prepared-activation view for m rows of k columns placed in `scratch`
 // (act_scratch_bytes for kind and a dtype that needs a copy; kF32 rows are plain fp32 with stride k).
 ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void* scratch);
 // Bytes layout_activations may need for any kind.
 uint64_t act_scratch_bytes_any(int64_t m, int64_t k);
+// Whether matmuls of a dtype at a level run on AMX tiles for m activation rows of k columns
+// (amx_bf16_usable, bf16 weights or fp8 with the VBMI converter, k a multiple of 64, m >= kAmxMinM).
+inline constexpr int64_t kAmxMinM = 5;
+bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
+// Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted for its rows; a no-op for
+// views without xt_space (not kBF16) or when AMX will not run.
+void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool);
 // Rows [begin, begin + count) of a view (pointers advanced; same stride).
 ActView act_rows(const ActView& a, int64_t begin, int64_t count);
 // Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations).
@@ -118,6 +133,14 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
                           int64_t r0, int64_t r1);
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1);
+// AMX BF16 tiles for bf16 and fp8 (VBMI order) weights; requires x.xt, x.m >= kAmxMinM, k % 64 == 0
+// and r0 % 16 == 0 (amx_rows_ok says whether a call qualifies).
+bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0);
+void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                         int64_t r0, int64_t r1);
+// xt[kp * xt_stride + i] = pair kp of row i for kp in [kp0, kp1), rows [0, m); AVX-512.
+void act_transpose_pairs_avx512(const uint16_t* rows, int64_t m, int64_t stride, int64_t kp0, int64_t kp1,
+                                uint32_t* xt, int64_t xt_stride);
 
 // Activation preparation leaves (rows [i0, i1) of x into the prepared buffers).
 void act_to_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,

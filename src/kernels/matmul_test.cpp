@@ -206,6 +206,60 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
+// On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles for m >= 2; the
+// same cases with AMX turned off take the AVX-512 kernels, so both are checked here. Rows cover
+// tail panels and a second 128-row fp8 scale group; columns a 64-wide last block; m one and
+// several 16-row activation tiles with a tail.
+TEST(Matmul, AmxTilesAndAvx512KernelsBothMatchReference) {
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t cols_list[] = {64, 192, 576, 1024};
+  const int64_t rows_list[] = {16, 40, 144, 200};
+  const int64_t ms[] = {5, 6, 9, 15, 16, 17, 33, 40};
+  for (bool amx : {true, false}) {
+    set_amx_enabled(amx);
+    for (DType t : {DType::kBF16, DType::kF8E4M3}) {
+      for (int trial = 0; trial < 10; ++trial) {
+        Case c{rows_list[rng.below(4)], cols_list[rng.below(4)], ms[rng.below(8)], rng.below(2) == 1,
+               static_cast<int64_t>(rng.below(3)), static_cast<int64_t>(rng.below(3))};
+        EXPECT_EQ(matmul_internal::amx_wanted(t, simd_level(), c.m, c.cols), amx);
+        auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
+        check_case(rng, w.view, c, *pool, fmt::format("amx={} {}", amx, describe(t, simd_level(), c)));
+      }
+    }
+  }
+  set_amx_enabled(true);
+}
+
+// The transposed column pairs the AMX tiles read (ActView::xt), word for word, including the zero
+// columns past the last row, and through act_rows.
+TEST(Matmul, AmxTransposedActivationsMatchTheRows) {
+  using namespace matmul_internal;
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  for (int64_t m : {5, 15, 16, 37}) {
+    for (int64_t k : {64, 192, 1408}) {
+      std::vector<float> x = random_floats(rng, m * k);
+      std::vector<uint8_t> scratch(act_scratch_bytes(ActKind::kBF16, DType::kBF16, m, k) + 64);
+      void* al = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+      const ActView a = prepare_activations(DType::kBF16, simd_level(), x.data(), m, k, k, al, *pool);
+      ASSERT_NE(a.xt, nullptr) << "m=" << m << " k=" << k;
+      ASSERT_GE(a.xt_stride, m + 16);
+      const auto* words = reinterpret_cast<const uint32_t*>(a.bf16);
+      for (int64_t kp = 0; kp < a.stride / 2; ++kp) {
+        for (int64_t i = 0; i < a.xt_stride; ++i) {
+          const uint32_t want = i < m ? words[i * (a.stride / 2) + kp] : 0u;
+          ASSERT_EQ(a.xt[kp * a.xt_stride + i], want) << "m=" << m << " k=" << k << " kp=" << kp << " i=" << i;
+        }
+      }
+      const ActView sub = act_rows(a, 1, m - 1);
+      EXPECT_EQ(sub.xt[3 * sub.xt_stride], words[1 * (a.stride / 2) + 3]);
+    }
+  }
+}
+
 TEST(Matmul, PreparedActivationsMatchTheScalarQuantiserBitForBit) {
   using namespace matmul_internal;
   Rng rng(test_seed());

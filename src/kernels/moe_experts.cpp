@@ -214,11 +214,12 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
 
   // 1. prepare x per token, gather into expert order
   const ActView xp =
-      prepare_activations(gate_type, level, x, n_tokens, p.hidden, p.hidden, s.x_prep.data(), pool);
-  const ActView xg = layout_activations(xp.kind, xp.bf16_perm64, n_assign, p.hidden, s.xg.data());
+      prepare_activations(gate_type, level, x, n_tokens, p.hidden, p.hidden, s.x_prep.data(), pool, false);
+  ActView xg = layout_activations(xp.kind, xp.bf16_perm64, n_assign, p.hidden, s.xg.data());
   pool.parallel_for(n_assign, 16, [&](int64_t a0, int64_t a1, int) {
     for (int64_t a = a0; a < a1; ++a) copy_act_row(xp, s.assign_token[static_cast<size_t>(a)], xg, a);
   });
+  act_build_xt(xg, gate_type, level, pool);
 
   // 2. gate and up, then h = silu(gate) * up
   auto* gate_out = s.gate_out.as<float>();

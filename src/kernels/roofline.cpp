@@ -131,6 +131,7 @@ PeakCompute measure_peak_compute(ThreadPool& pool, double seconds) {
   };
   const CpuFeatures& f = cpu_features();
   if (r.level >= SimdLevel::kAvx512Bf16) r.bf16_gflops = measure(internal::peak_bf16_avx512bf16);
+  if (r.level >= SimdLevel::kAvx512Bf16 && amx_bf16_usable()) r.amx_bf16_gflops = measure(internal::peak_amx_bf16);
   if (r.level >= SimdLevel::kAvx512) {
     r.int8_gops = measure(internal::peak_int8_avx512);
     r.f32_gflops = measure(internal::peak_f32_avx512);

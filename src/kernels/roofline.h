@@ -40,10 +40,15 @@ class BandwidthProbe {
 
 struct PeakCompute {
   double bf16_gflops = 0;  // 2 FLOP per bf16 product; vdpbf16ps path or the best emulation
+  double amx_bf16_gflops = 0;  // AMX tiles (TDPBF16PS) where amx_bf16_usable, else 0
   double int8_gops = 0;    // 2 ops per int8 multiply-add (vpdpbusd); 0 without VNNI
   double f32_gflops = 0;   // FMA
   int threads = 0;
   SimdLevel level = SimdLevel::kScalar;
+  // The BF16 rate the matmul kernels run at here: AMX tiles where they are used (amx_bf16_usable),
+  // else the vector dot products. Rooflines of work done by matmul (prefill, batched decode) use
+  // this; the MLA decode kernel (vector only) uses bf16_gflops.
+  double matmul_bf16_gflops() const { return amx_bf16_gflops > 0 ? amx_bf16_gflops : bf16_gflops; }
 };
 
 PeakCompute measure_peak_compute(ThreadPool& pool, double seconds = 0.2);
@@ -51,6 +56,7 @@ PeakCompute measure_peak_compute(ThreadPool& pool, double seconds = 0.2);
 namespace internal {
 // Per-thread kernels (ISA-specific files); each returns operations performed.
 double peak_bf16_avx512bf16(uint64_t iterations);
+double peak_amx_bf16(uint64_t iterations);
 double peak_int8_avx512(uint64_t iterations);
 double peak_f32_avx512(uint64_t iterations);
 double peak_f32_avx2(uint64_t iterations);

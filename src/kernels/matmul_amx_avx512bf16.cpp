@@ -1,0 +1,324 @@
+// bf16 and fp8 weights on AMX BF16 tiles (Sapphire Rapids and later Xeons; chosen at run time by
+// amx_wanted). Compiled with -mamx-tile -mamx-bf16 -mavx512vbmi on top of the AVX-512 BF16 flags.
+//
+// Orientation: the tile product is y^T, C[16 weight rows][16 activation rows] += A . B, with
+//   A = 16 weight rows x 32 columns as stored (bf16 rows tile-loaded where they lie; fp8 rows
+//       converted exactly to bf16 by the VBMI converter into a 4 KiB L1 buffer, one 128-column
+//       block = 4 tiles at a time, in the converter's column order), and
+//   B = the activations' transposed column pairs (ActView::xt, built once per prepared view), whose
+//       rows are k-pairs and columns activation rows, so any 16 consecutive activation rows (an
+//       expert's tokens inside the gathered batch) are one strided tile load.
+// Neither the weights nor the activations are ever transposed per tile: that is what makes a few
+// activation rows (batched decode, 2-16 tokens per expert) cheap on AMX. Per 128-column block the
+// block's product is stored from the tile and added to fp32 totals times the block's scale (fp8:
+// one scale per 16-row panel and block, the panel lying inside one 128-row scale group), the same
+// exact per-block scaling as the AVX-512 kernels; only the fp32 summation order differs. Rows of a
+// tail panel past r1 are read from the last valid row and their results dropped; activation
+// columns past m compute on whatever the tile holds and are dropped too (columns of C depend only
+// on their own column of B).
+//
+// The tile registers are configured at the start of every call (LDTILECFG) and released at the
+// end, so no thread carries tile state between calls (signal frames, other code on the thread).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/matmul_fp8vbmi_conv.h"
+#include "kernels/matmul_impl.h"
+#include "tensor/tensor.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: A (the block's four 32-column steps), 4 and 5: B, 6 and 7: C (two in flight).
+void configure_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  _tile_loadconfig(&c);
+}
+
+// Grow-only per-thread fp32 totals ([m tiles][16 weight rows][16 activation rows]), as the
+// prepared activations' scratch (matmul.cpp): allocated at the largest size seen, once per call.
+float* totals_buffer(int64_t floats) {
+  thread_local Buffer buffer;
+  const size_t bytes = static_cast<size_t>(floats) * 4;
+  if (buffer.size() < bytes) buffer = Buffer::allocate(bytes);
+  return reinterpret_cast<float*>(buffer.data());
+}
+
+inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, int64_t bytes) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), _MM_HINT_T0);
+}
+
+// B tile of k-pairs [kp, kp + 16) and activation rows [i0, i0 + 16).
+inline const void* b_tile(const ActView& x, int64_t kp, int64_t i0) {
+  return x.xt + kp * x.xt_stride + i0;
+}
+
+// GCC's tile intrinsics take tile numbers as literal tokens, so the C tile is a macro argument.
+// AMX_ADD_BLOCK: totals += scale * C (stored through ctmp), lanes = activation rows.
+#define AMX_ADD_BLOCK(C, TOT, SCALE, CTMP)                                                          \
+  do {                                                                                            \
+    _tile_stored(C, CTMP, 64);                                                                    \
+    const __m512 s_ = _mm512_set1_ps(SCALE);                                                      \
+    _Pragma("GCC unroll 16") for (int r_ = 0; r_ < 16; ++r_) _mm512_store_ps(                     \
+        (TOT) + 16 * r_, _mm512_fmadd_ps(_mm512_load_ps((CTMP) + 16 * r_), s_, _mm512_load_ps((TOT) + 16 * r_))); \
+  } while (0)
+
+// AMX_BLOCK_PRODUCT: C = the block's steps (STEPS = 4 for 128 columns, 2 for a 64-column last
+// block) against the m tile at activation row I0; A tiles 0..STEPS-1 are loaded.
+#define AMX_BLOCK_PRODUCT(C, STEPS, X, KP0, I0)                          \
+  do {                                                                  \
+    const int64_t bs_ = (X).xt_stride * 4;                              \
+    _tile_zero(C);                                                      \
+    _tile_loadd(4, b_tile(X, KP0, I0), bs_);                            \
+    _tile_dpbf16ps(C, 0, 4);                                            \
+    _tile_loadd(5, b_tile(X, (KP0) + 16, I0), bs_);                     \
+    _tile_dpbf16ps(C, 1, 5);                                            \
+    if constexpr ((STEPS) == 4) {                                       \
+      _tile_loadd(4, b_tile(X, (KP0) + 32, I0), bs_);                   \
+      _tile_dpbf16ps(C, 2, 4);                                          \
+      _tile_loadd(5, b_tile(X, (KP0) + 48, I0), bs_);                   \
+      _tile_dpbf16ps(C, 3, 5);                                          \
+    }                                                                   \
+  } while (0)
+
+template <int kSteps>
+inline void load_a(const void* base, int64_t stride_bytes, int64_t step_bytes) {
+  const auto* p = static_cast<const uint8_t*>(base);
+  _tile_loadd(0, p, stride_bytes);
+  _tile_loadd(1, p + step_bytes, stride_bytes);
+  if constexpr (kSteps == 4) {
+    _tile_loadd(2, p + 2 * step_bytes, stride_bytes);
+    _tile_loadd(3, p + 3 * step_bytes, stride_bytes);
+  }
+}
+
+// All m tiles against the A tiles of one block; products alternate between C tiles 6 and 7 so
+// one is stored while the other computes.
+template <int kSteps>
+inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* totals, float scale, float* ctmp) {
+  int64_t mt = 0;
+  for (; mt + 2 <= n_mt; mt += 2) {
+    AMX_BLOCK_PRODUCT(6, kSteps, x, kp0, 16 * mt);
+    AMX_BLOCK_PRODUCT(7, kSteps, x, kp0, 16 * (mt + 1));
+    AMX_ADD_BLOCK(6, totals + 256 * mt, scale, ctmp);
+    AMX_ADD_BLOCK(7, totals + 256 * (mt + 1), scale, ctmp + 256);
+  }
+  if (mt < n_mt) {  // one m tile left: its steps alternate between C tiles (two short chains)
+    const int64_t bs = x.xt_stride * 4, i0 = 16 * mt;
+    _tile_zero(6);
+    _tile_zero(7);
+    _tile_loadd(4, b_tile(x, kp0, i0), bs);
+    _tile_dpbf16ps(6, 0, 4);
+    _tile_loadd(5, b_tile(x, kp0 + 16, i0), bs);
+    _tile_dpbf16ps(7, 1, 5);
+    if constexpr (kSteps == 4) {
+      _tile_loadd(4, b_tile(x, kp0 + 32, i0), bs);
+      _tile_dpbf16ps(6, 2, 4);
+      _tile_loadd(5, b_tile(x, kp0 + 48, i0), bs);
+      _tile_dpbf16ps(7, 3, 5);
+    }
+    _tile_stored(6, ctmp, 64);
+    _tile_stored(7, ctmp + 256, 64);
+    float* tot = totals + 256 * mt;
+    const __m512 sv = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      const __m512 c = _mm512_add_ps(_mm512_load_ps(ctmp + 16 * r), _mm512_load_ps(ctmp + 256 + 16 * r));
+      _mm512_store_ps(tot + 16 * r, _mm512_fmadd_ps(c, sv, _mm512_load_ps(tot + 16 * r)));
+    }
+  }
+}
+
+// y[i, n0 + r] (=|+=) totals[i / 16][r][i % 16] for rows r < nr, activation rows i < m.
+void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy, int64_t n0, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* t = totals + 256 * (i / 16) + i % 16;
+    float* yi = y + i * ldy + n0;
+    if (accumulate) {
+      for (int64_t r = 0; r < nr; ++r) yi[r] += t[16 * r];
+    } else {
+      for (int64_t r = 0; r < nr; ++r) yi[r] = t[16 * r];
+    }
+  }
+}
+
+// Converts (fp8) or copies (bf16 tail panel) a block's 16 x kc weights into abuf, or returns the
+// weights' own address; the A tiles' base and row stride.
+template <bool kFp8>
+inline const void* stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int64_t row_bytes, int64_t nr,
+                           int64_t k0, int64_t kc, uint16_t (*abuf)[16][32], int64_t& stride) {
+  if constexpr (kFp8) {
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* src = panel + std::min<int64_t>(r, nr - 1) * row_bytes + k0;
+      __m512i a, b;
+      conv.convert64(src, ~__mmask64{0}, a, b);
+      _mm512_store_si512(abuf[0][r], a);
+      _mm512_store_si512(abuf[1][r], b);
+      if (kc == 128) {
+        conv.convert64(src + 64, ~__mmask64{0}, a, b);
+        _mm512_store_si512(abuf[2][r], a);
+        _mm512_store_si512(abuf[3][r], b);
+      }
+    }
+    stride = 64;
+    return abuf;
+  } else {
+    if (nr == 16) {
+      stride = row_bytes;
+      return panel + 2 * k0;
+    }
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* src = panel + std::min<int64_t>(r, nr - 1) * row_bytes + 2 * k0;
+      for (int s = 0; s < kc / 32; ++s) std::memcpy(abuf[s][r], src + 64 * s, 64);
+    }
+    stride = 64;
+    return abuf;
+  }
+}
+
+// Prefetches block `blk` of the panel at n0 (blocks past the panel's end continue into the next
+// panel, whose rows are the next 16 up to r1).
+inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes, int64_t nb, int64_t n0,
+                           int64_t r1, int64_t blk) {
+  const int64_t n = n0 + 16 * (blk / nb);
+  if (n >= r1) return;
+  prefetch_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes, std::min<int64_t>(16, r1 - n),
+                128 * elem_bytes);
+}
+
+inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t kc) {
+  if (kc == 128) {
+    load_a<4>(a, stride, step_bytes);
+  } else {
+    load_a<2>(a, stride, step_bytes);
+  }
+}
+
+// Each block's A tiles are staged once and every 16-row activation tile runs against them, two
+// at a time in C tiles 6 and 7 (a single tile splits its steps between them: two short chains).
+// Tried for one tile (decode) and slower or no faster in same-process alternation, one thread
+// cache-resident and two threads from DRAM: converting the next block before loading the current
+// block's A tiles (before or after the products), and four 16-row panels per B tile load.
+template <bool kFp8>
+void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+              int64_t r1) {
+  const int64_t K = w.cols, m = x.m, n_mt = (m + 15) / 16;
+  const int64_t row_bytes = kFp8 ? K : 2 * K;
+  const auto* wbase = static_cast<const uint8_t*>(w.data);
+  float* totals = totals_buffer(256 * n_mt);
+  const int64_t nb = (K + 127) / 128;
+  alignas(64) uint16_t abuf[4][16][32];  // A tiles of one block: [step][weight row][32 columns]
+  alignas(64) float ctmp[2][256];
+  const Fp8VbmiConvert conv;
+  configure_tiles();
+  for (int64_t n0 = r0; n0 < r1; n0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, r1 - n0);
+    std::memset(totals, 0, static_cast<size_t>(256 * n_mt) * 4);
+    const float* srow = kFp8 ? fp8_scale_row(w, n0) : nullptr;
+    const uint8_t* panel = wbase + n0 * row_bytes;
+    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+      const int64_t kc = std::min<int64_t>(128, K - k0);
+      // the next block of this panel, or the first of the next one
+      prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, r1, k0 / 128 + 1);  // the next block
+      const float scale = kFp8 ? srow[k0 / 128] : 1.0f;
+      int64_t a_stride = 0;
+      const void* a = stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf, a_stride);
+      load_a_kc(a, a_stride, a == static_cast<const void*>(abuf) ? sizeof(abuf[0]) : 64, kc);
+      if (kc == 128) {
+        block_all_m<4>(x, k0 / 2, n_mt, totals, scale, ctmp[0]);
+      } else {
+        block_all_m<2>(x, k0 / 2, n_mt, totals, scale, ctmp[0]);
+      }
+    }
+    write_out(totals, m, nr, y, ldy, n0, accumulate);
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
+  return x.xt != nullptr && x.m >= kAmxMinM && w.cols % 64 == 0 && r0 % 16 == 0 &&
+         (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64));
+}
+
+void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
+                         int64_t r0, int64_t r1) {
+  CHECK(amx_rows_ok(w, x, r0));
+  if (w.dtype == DType::kF8E4M3) {
+    amx_rows<true>(w, x, y, y_stride, accumulate, r0, r1);
+  } else {
+    amx_rows<false>(w, x, y, y_stride, accumulate, r0, r1);
+  }
+}
+
+void act_transpose_pairs_avx512(const uint16_t* rows, int64_t m, int64_t stride, int64_t kp0, int64_t kp1,
+                                uint32_t* xt, int64_t xt_stride) {
+  const auto* src = reinterpret_cast<const uint32_t*>(rows);
+  const int64_t ws = stride / 2;  // words per row
+  for (int64_t kp = kp0; kp < kp1; kp += 16) {
+    const int64_t nk = std::min<int64_t>(16, kp1 - kp);
+    const __mmask16 kmask = static_cast<__mmask16>((1u << nk) - 1);
+    int64_t i = 0;
+    for (; i + 16 <= m; i += 16) {  // a 16 x 16 word transpose
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) r[j] = _mm512_maskz_loadu_epi32(kmask, src + (i + j) * ws + kp);
+      __m512i t[16];
+#pragma GCC unroll 8
+      for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 16; j += 4) {
+        r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+        r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+        r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+        r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+      }
+      // r[4q + c] now holds, per 128-bit lane L, words (4L + c) of rows 4q .. 4q + 3... gather lanes
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);        // lanes 0,1 of r[j], lanes 0,1 of r[4+j]
+        t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);    // lanes 2,3
+        t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+        t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        // word c = 4L + j' of each row lands in output row c: lane L of (t[j], t[8+j]) pairs
+        r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);       // lane 0 of rows 0-7 and 8-15
+        r[4 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);   // lane 1
+        r[8 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);
+      }
+      for (int64_t c = 0; c < nk; ++c) _mm512_storeu_si512(xt + (kp + c) * xt_stride + i, r[c]);
+    }
+    for (int64_t c = 0; c < nk; ++c) {
+      uint32_t* out = xt + (kp + c) * xt_stride;
+      for (int64_t ii = i; ii < m; ++ii) out[ii] = src[ii * ws + kp + c];
+      for (int64_t ii = m; ii < xt_stride; ++ii) out[ii] = 0;
+    }
+  }
+}
+
+}  // namespace fathom::matmul_internal
