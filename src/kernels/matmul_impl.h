@@ -74,7 +74,7 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
 uint64_t act_scratch_bytes_any(int64_t m, int64_t k);
 // Whether matmuls of a dtype at a level run on AMX tiles for m activation rows of k columns
 // (amx_bf16_usable, bf16 weights or fp8 with the VBMI converter, k a multiple of 64, m >= kAmxMinM).
-inline constexpr int64_t kAmxMinM = 5;
+inline constexpr int64_t kAmxMinM = 4;
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
 // Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted for its rows; a no-op for
 // views without xt_space (not kBF16) or when AMX will not run.

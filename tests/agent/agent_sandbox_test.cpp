@@ -131,7 +131,11 @@ TEST(AgentSandbox, ForkBombHangAndFloodAreContained) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto res = results_of(ep, 1);
   ASSERT_EQ(res.size(), 3u);
-  EXPECT_NE(res[0].find("timed out"), std::string::npos) << res[0].substr(0, 500);
+  // The bomb is contained either way: stopped at the time limit, or earlier by the output cap when
+  // the pids limit makes its shells print "Cannot fork" fast enough to fill it (seen on a Xeon VM).
+  EXPECT_TRUE(res[0].find("timed out") != std::string::npos ||
+              res[0].find("output exceeded the cap") != std::string::npos)
+      << res[0].substr(0, 500);
   EXPECT_NE(res[1].find("timed out"), std::string::npos) << res[1].substr(0, 500);
   EXPECT_NE(res[2].find("output exceeded the cap"), std::string::npos) << res[2].substr(0, 300);
   EXPECT_LT(res[2].size(), 70000u);
