@@ -147,15 +147,54 @@ inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* tota
   }
 }
 
-// y[i, n0 + r] (=|+=) totals[i / 16][r][i % 16] for rows r < nr, activation rows i < m.
+// In-register 16 x 16 transpose of 32-bit elements: r[j] = row j in, column j out.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int j = 0; j < 16; j += 2) {
+    t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+    t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 16; j += 4) {
+    r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+    r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+    r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+    r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+  }
+  // r[4q + c], 128-bit lane L: element 4L + c of rows 4q .. 4q + 3
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);  // lanes 0, 1 of r[j], then of r[4 + j]
+    t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);  // lanes 2, 3
+    t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+    t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // column 4L + j: lane L of each row group
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+    r[8 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);
+  }
+}
+
+// y[i, n0 + r] (=|+=) totals[i / 16][r][i % 16] for rows r < nr, activation rows i < m: each
+// 16 x 16 tile transposed in registers, rows written with a mask of nr lanes.
 void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy, int64_t n0, bool accumulate) {
-  for (int64_t i = 0; i < m; ++i) {
-    const float* t = totals + 256 * (i / 16) + i % 16;
-    float* yi = y + i * ldy + n0;
-    if (accumulate) {
-      for (int64_t r = 0; r < nr; ++r) yi[r] += t[16 * r];
-    } else {
-      for (int64_t r = 0; r < nr; ++r) yi[r] = t[16 * r];
+  const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
+  for (int64_t i0 = 0; i0 < m; i0 += 16) {
+    __m512i r[16];
+    const float* t = totals + 16 * i0;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_load_si512(t + 16 * j);
+    transpose16(r);
+    const int64_t mi = std::min<int64_t>(16, m - i0);
+    for (int64_t i = 0; i < mi; ++i) {
+      float* yi = y + (i0 + i) * ldy + n0;
+      __m512 v = _mm512_castsi512_ps(r[i]);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yi));
+      _mm512_mask_storeu_ps(yi, mask, v);
     }
   }
 }
@@ -366,35 +405,7 @@ void act_transpose_pairs_avx512(const uint16_t* rows, int64_t m, int64_t stride,
       __m512i r[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j) r[j] = _mm512_maskz_loadu_epi32(kmask, src + (i + j) * ws + kp);
-      __m512i t[16];
-#pragma GCC unroll 8
-      for (int j = 0; j < 16; j += 2) {
-        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
-        t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < 16; j += 4) {
-        r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
-        r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
-        r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
-        r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
-      }
-      // r[4q + c] now holds, per 128-bit lane L, words (4L + c) of rows 4q .. 4q + 3... gather lanes
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);        // lanes 0,1 of r[j], lanes 0,1 of r[4+j]
-        t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);    // lanes 2,3
-        t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
-        t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        // word c = 4L + j' of each row lands in output row c: lane L of (t[j], t[8+j]) pairs
-        r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);       // lane 0 of rows 0-7 and 8-15
-        r[4 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);   // lane 1
-        r[8 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);
-      }
+      transpose16(r);
       for (int64_t c = 0; c < nk; ++c) _mm512_storeu_si512(xt + (kp + c) * xt_stride + i, r[c]);
     }
     for (int64_t c = 0; c < nk; ++c) {
