@@ -260,9 +260,10 @@ inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t
 // Against the panel-outer loop of amx_rows (which reloads the four B tiles for every panel), one
 // thread cache-resident: 12.5-13.2 against 9.5-9.8 GB/s of fp8 weights; two threads from DRAM
 // 1.08-1.15x (same-process alternation, [1408 x 2048], m = 8 and 16). Tried and no faster:
-// staging the next panel between this panel's products and the previous panel's scaling; before
-// this loop order, converting the next block while the current block's products run, and four
-// 16-row panels per B tile load.
+// staging the next panel between this panel's products and the previous panel's scaling;
+// prefetching the panel three ahead in sweep order instead of this panel's next block (5-8%
+// slower from DRAM); before this loop order, converting the next block while the current block's
+// products run, and four 16-row panels per B tile load.
 #define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)                      \
   do {                                                         \
     _tile_zero(C);                                             \
