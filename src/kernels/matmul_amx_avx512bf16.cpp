@@ -9,7 +9,7 @@
 //       rows are k-pairs and columns activation rows, so any 16 consecutive activation rows (an
 //       expert's tokens inside the gathered batch) are one strided tile load.
 // Neither the weights nor the activations are ever transposed per tile: that is what makes a few
-// activation rows (batched decode, 2-16 tokens per expert) cheap on AMX. Per 128-column block the
+// activation rows (batched decode, 4-16 tokens per expert) cheap on AMX. Per 128-column block the
 // block's product is stored from the tile and added to fp32 totals times the block's scale (fp8:
 // one scale per 16-row panel and block, the panel lying inside one 128-row scale group), the same
 // exact per-block scaling as the AVX-512 kernels; only the fp32 summation order differs. Rows of a
@@ -42,7 +42,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3: A (the block's four 32-column steps), 4 and 5: B, 6 and 7: C (two in flight).
+// All eight tiles 16 rows x 64 bytes. amx_rows: 0-3 A (a block's four 32-column steps), 4-5 B,
+// 6-7 C; amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a block's four steps).
 void configure_tiles() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) {
