@@ -12,6 +12,7 @@
 #include <ctime>
 #include <vector>
 
+#include "base/ab.h"
 #include "base/progress.h"
 #include "base/rng.h"
 #include "base/strings.h"
@@ -43,6 +44,7 @@ struct MlaBenchOptions {
   std::string roofline_bytes = "1G";
   bool no_check = false;
   bool cpu_time = false;  // time by process CPU time / threads (a shared, oversubscribed machine)
+  bool ab = false;        // alternate base/ab.h's variant every rotation over the layers
   bool json = false;
 };
 
@@ -160,6 +162,7 @@ Work count_work(const MlaBenchOptions& o, const MlaKvFormat& f) {
 
 struct Timing {
   std::vector<double> seconds;  // per call
+  std::vector<double> ab_seconds[2];  // --ab: per call, by variant
   double cpu_utilization = 0;   // process CPU time / (wall time x threads) over the timed calls
   double check_err = -1;
 };
@@ -178,17 +181,28 @@ Result<Timing> time_calls(const MlaBenchOptions& o, Setup& s, MlaDecoder& decode
   const double cpu0 = process_cpu_seconds();
   Timer total;
   for (int64_t i = 0; total.elapsed_s() < o.seconds || i < 2 * layers; ++i) {
+    // --ab: the variant changes with each full rotation, so both see every layer equally often
+    const int variant = static_cast<int>((i / layers) % 2);
+    if (o.ab) ab::set_variant(variant);
     Timer call;
     const double cpu_call = process_cpu_seconds();
     TRY(decoder.decode(layer_params(o, s, static_cast<int>(i % layers))));
     t.seconds.push_back(o.cpu_time ? (process_cpu_seconds() - cpu_call) / threads : call.elapsed_s());
+    if (o.ab) t.ab_seconds[variant].push_back(t.seconds.back());
   }
+  if (o.ab) ab::set_variant(0);
   t.cpu_utilization = (process_cpu_seconds() - cpu0) / (total.elapsed_s() * threads);
   if (!o.no_check) {
     const int last = static_cast<int>((t.seconds.size() - 1) % static_cast<size_t>(layers));
     t.check_err = TRY(check_first_sequence(o, s, last));
   }
   return t;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 struct Report {
@@ -232,6 +246,14 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
         {"mha_bytes_per_token_per_layer", r.mha_bytes},
         {"kv_compression", static_cast<double>(r.mha_bytes) / static_cast<double>(f.token_bytes())},
         {"check_max_abs_diff", t.check_err}};
+    if (o.ab) {
+      const double m0 = median_of(t.ab_seconds[0]), m1 = median_of(t.ab_seconds[1]);
+      j["ab"] = {{"variant0_seconds", m0},
+                 {"variant1_seconds", m1},
+                 {"variant0_calls", t.ab_seconds[0].size()},
+                 {"variant1_calls", t.ab_seconds[1].size()},
+                 {"ratio", m1 > 0 ? m0 / m1 : 0}};
+    }
     print_json_line(j.dump());
     return;
   }
@@ -253,6 +275,11 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
               static_cast<double>(r.mha_bytes) / static_cast<double>(f.token_bytes()));
   if (t.check_err >= 0)
     std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", t.check_err);
+  if (o.ab) {
+    const double m0 = median_of(t.ab_seconds[0]), m1 = median_of(t.ab_seconds[1]);
+    std::printf("A/B:      variant 0 %.3f ms per call (median of %zu), variant 1 %.3f ms (%zu), 0 over 1 = %.4f\n",
+                m0 * 1e3, t.ab_seconds[0].size(), m1 * 1e3, t.ab_seconds[1].size(), m1 > 0 ? m0 / m1 : 0.0);
+  }
 }
 
 // The BF16 dot-product peak timed by process CPU time: every pool thread runs the roofline loop
@@ -357,6 +384,9 @@ int run_mla(int argc, char** argv) {
   args.flag("--cpu-time", &o.cpu_time,
             "time calls and the peak by process CPU time / threads (for a shared machine; bandwidth stays "
             "wall-clock)");
+  args.flag("--ab", &o.ab,
+            "alternate base/ab.h's variant 0/1 with each rotation over the layers and report each one's "
+            "median call time (measuring a change in one process; docs/DEVELOPING.md)");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());

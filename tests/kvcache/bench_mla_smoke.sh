@@ -27,6 +27,17 @@ check "$("$bin" bench mla "${common[@]}" --kv-dtype fp8 --heads 16)" fp8 16
 check "$("$bin" bench mla "${common[@]}" --kv-dtype fp8 --heads 16 --s-q 2 --causal)" fp8 16
 check "$("$bin" bench mla "${common[@]}" --heads 16 --simd avx2)" bf16 16
 check "$("$bin" bench mla "${common[@]}" --heads 16 --simd scalar)" bf16 16
+# --ab: both variants timed (no guard in the code, so both run the same kernel) and a ratio
+ab_json=$("$bin" bench mla "${common[@]}" --heads 16 --ab)
+check "$ab_json" bf16 16
+python3 - "$ab_json" <<'PY'
+import json, sys
+ab = json.loads(sys.argv[1].strip().splitlines()[-1])["ab"]
+assert ab["variant0_calls"] > 0 and ab["variant1_calls"] > 0, ab
+assert ab["variant0_seconds"] > 0 and ab["variant1_seconds"] > 0, ab
+assert abs(ab["ratio"] - ab["variant0_seconds"] / ab["variant1_seconds"]) < 1e-9, ab
+PY
+if "$bin" bench mla "${common[@]}" --heads 16 | grep -q '"ab"'; then echo "ab without --ab"; exit 1; fi
 if err=$("$bin" bench mla --kv-dtype fp4 2>&1); then echo "fp4 accepted"; exit 1; fi
 grep -q "fp4" <<<"$err" || { echo "unhelpful error: $err"; exit 1; }
 if err=$("$bin" bench mla --d-latent 100 2>&1); then echo "d_latent 100 accepted"; exit 1; fi
