@@ -161,9 +161,9 @@ Work count_work(const MlaBenchOptions& o, const MlaKvFormat& f) {
 }
 
 struct Timing {
-  std::vector<double> seconds;  // per call
+  std::vector<double> seconds;        // per call
   std::vector<double> ab_seconds[2];  // --ab: per call, by variant
-  double cpu_utilization = 0;   // process CPU time / (wall time x threads) over the timed calls
+  double cpu_utilization = 0;         // process CPU time / (wall time x threads) over the timed calls
   double check_err = -1;
 };
 
@@ -277,8 +277,9 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
     std::printf("check:    sequence 0 vs scalar reference: max |diff| %.2g\n", t.check_err);
   if (o.ab) {
     const double m0 = median_of(t.ab_seconds[0]), m1 = median_of(t.ab_seconds[1]);
-    std::printf("A/B:      variant 0 %.3f ms per call (median of %zu), variant 1 %.3f ms (%zu), 0 over 1 = %.4f\n",
-                m0 * 1e3, t.ab_seconds[0].size(), m1 * 1e3, t.ab_seconds[1].size(), m1 > 0 ? m0 / m1 : 0.0);
+    std::printf(
+        "A/B:      variant 0 %.3f ms per call (median of %zu), variant 1 %.3f ms (%zu), 0 over 1 = %.4f\n",
+        m0 * 1e3, t.ab_seconds[0].size(), m1 * 1e3, t.ab_seconds[1].size(), m1 > 0 ? m0 / m1 : 0.0);
   }
 }
 

@@ -14,11 +14,12 @@
 // The scalar references (matmul_ref.cpp) define these numerics in float64.
 //
 // Paths: AVX-512 BF16, AVX-512 (F/BW/VL/DQ + VNNI), AVX2 (+FMA/F16C) and portable scalar, chosen at
-// run time by simd_level(); on CPUs with AMX BF16 (amx_bf16_usable), bf16 and fp8 weights with
-// cols a multiple of 64 run on AMX tiles from m = 4 (same numerics; docs/kernels.md). Small m (decode) runs row-wise matrix-vector kernels that stream each
+// run time by simd_level(). Small m (decode) runs row-wise matrix-vector kernels that stream each
 // weight row once; larger m runs a blocked GEMM that converts a weight panel once into a
-// thread-local tile and reuses it for every row of x. Work is split over output rows on the pool;
-// the weights are read exactly once per call.
+// thread-local tile and reuses it for every row of x. On CPUs with AMX BF16 (amx_bf16_usable),
+// bf16 and fp8 weights with cols a multiple of 64 run on AMX tiles from m = 4 instead (same
+// numerics; docs/kernels.md). Work is split over output rows on the pool; the weights are read
+// exactly once per call.
 //
 // Thread safety: concurrent calls are safe (per-thread scratch); each call uses the given pool.
 // Not here: attention (mla_*), bias terms (DeepSeek's linears have none), transposed weights.

@@ -64,7 +64,8 @@ float* totals_buffer(int64_t floats) {
 
 inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, int64_t bytes) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), _MM_HINT_T0);
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), _MM_HINT_T0);
 }
 
 // B tile of k-pairs [kp, kp + 16) and activation rows [i0, i0 + 16).
@@ -74,30 +75,31 @@ inline const void* b_tile(const ActView& x, int64_t kp, int64_t i0) {
 
 // GCC's tile intrinsics take tile numbers as literal tokens, so the C tile is a macro argument.
 // AMX_ADD_BLOCK: totals += scale * C (stored through ctmp), lanes = activation rows.
-#define AMX_ADD_BLOCK(C, TOT, SCALE, CTMP)                                                          \
-  do {                                                                                            \
-    _tile_stored(C, CTMP, 64);                                                                    \
-    const __m512 s_ = _mm512_set1_ps(SCALE);                                                      \
-    _Pragma("GCC unroll 16") for (int r_ = 0; r_ < 16; ++r_) _mm512_store_ps(                     \
-        (TOT) + 16 * r_, _mm512_fmadd_ps(_mm512_load_ps((CTMP) + 16 * r_), s_, _mm512_load_ps((TOT) + 16 * r_))); \
+#define AMX_ADD_BLOCK(C, TOT, SCALE, CTMP)                                                       \
+  do {                                                                                           \
+    _tile_stored(C, CTMP, 64);                                                                   \
+    const __m512 s_ = _mm512_set1_ps(SCALE);                                                     \
+    _Pragma("GCC unroll 16") for (int r_ = 0; r_ < 16; ++r_) _mm512_store_ps(                    \
+        (TOT) + 16 * r_,                                                                         \
+        _mm512_fmadd_ps(_mm512_load_ps((CTMP) + 16 * r_), s_, _mm512_load_ps((TOT) + 16 * r_))); \
   } while (0)
 
 // AMX_BLOCK_PRODUCT: C = the block's steps (STEPS = 4 for 128 columns, 2 for a 64-column last
 // block) against the m tile at activation row I0; A tiles 0..STEPS-1 are loaded.
-#define AMX_BLOCK_PRODUCT(C, STEPS, X, KP0, I0)                          \
-  do {                                                                  \
-    const int64_t bs_ = (X).xt_stride * 4;                              \
-    _tile_zero(C);                                                      \
-    _tile_loadd(4, b_tile(X, KP0, I0), bs_);                            \
-    _tile_dpbf16ps(C, 0, 4);                                            \
-    _tile_loadd(5, b_tile(X, (KP0) + 16, I0), bs_);                     \
-    _tile_dpbf16ps(C, 1, 5);                                            \
-    if constexpr ((STEPS) == 4) {                                       \
-      _tile_loadd(4, b_tile(X, (KP0) + 32, I0), bs_);                   \
-      _tile_dpbf16ps(C, 2, 4);                                          \
-      _tile_loadd(5, b_tile(X, (KP0) + 48, I0), bs_);                   \
-      _tile_dpbf16ps(C, 3, 5);                                          \
-    }                                                                   \
+#define AMX_BLOCK_PRODUCT(C, STEPS, X, KP0, I0)       \
+  do {                                                \
+    const int64_t bs_ = (X).xt_stride * 4;            \
+    _tile_zero(C);                                    \
+    _tile_loadd(4, b_tile(X, KP0, I0), bs_);          \
+    _tile_dpbf16ps(C, 0, 4);                          \
+    _tile_loadd(5, b_tile(X, (KP0) + 16, I0), bs_);   \
+    _tile_dpbf16ps(C, 1, 5);                          \
+    if constexpr ((STEPS) == 4) {                     \
+      _tile_loadd(4, b_tile(X, (KP0) + 32, I0), bs_); \
+      _tile_dpbf16ps(C, 2, 4);                        \
+      _tile_loadd(5, b_tile(X, (KP0) + 48, I0), bs_); \
+      _tile_dpbf16ps(C, 3, 5);                        \
+    }                                                 \
   } while (0)
 
 template <int kSteps>
@@ -114,7 +116,8 @@ inline void load_a(const void* base, int64_t stride_bytes, int64_t step_bytes) {
 // All m tiles against the A tiles of one block; products alternate between C tiles 6 and 7 so
 // one is stored while the other computes.
 template <int kSteps>
-inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* totals, float scale, float* ctmp) {
+inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* totals, float scale,
+                        float* ctmp) {
   int64_t mt = 0;
   for (; mt + 2 <= n_mt; mt += 2) {
     AMX_BLOCK_PRODUCT(6, kSteps, x, kp0, 16 * mt);
@@ -166,7 +169,7 @@ inline void transpose16(__m512i (&r)[16]) {
   // r[4q + c], 128-bit lane L: element 4L + c of rows 4q .. 4q + 3
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);  // lanes 0, 1 of r[j], then of r[4 + j]
+    t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);      // lanes 0, 1 of r[j], then of r[4 + j]
     t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);  // lanes 2, 3
     t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
     t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
@@ -182,7 +185,8 @@ inline void transpose16(__m512i (&r)[16]) {
 
 // y[i, n0 + r] (=|+=) totals[i / 16][r][i % 16] for rows r < nr, activation rows i < m: each
 // 16 x 16 tile transposed in registers, rows written with a mask of nr lanes.
-void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy, int64_t n0, bool accumulate) {
+void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy, int64_t n0,
+               bool accumulate) {
   const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
     __m512i r[16];
@@ -236,12 +240,12 @@ inline const void* stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int
 
 // Prefetches block `blk` of the panel at n0 (blocks past the panel's end continue into the next
 // panel, whose rows are the next 16 up to r1).
-inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes, int64_t nb, int64_t n0,
-                           int64_t r1, int64_t blk) {
+inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes, int64_t nb,
+                           int64_t n0, int64_t r1, int64_t blk) {
   const int64_t n = n0 + 16 * (blk / nb);
   if (n >= r1) return;
-  prefetch_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes, std::min<int64_t>(16, r1 - n),
-                128 * elem_bytes);
+  prefetch_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes,
+                std::min<int64_t>(16, r1 - n), 128 * elem_bytes);
 }
 
 inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t kc) {
@@ -265,19 +269,19 @@ inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t
 // prefetching the panel three ahead in sweep order instead of this panel's next block (5-8%
 // slower from DRAM); before this loop order, converting the next block while the current block's
 // products run, and four 16-row panels per B tile load.
-#define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)                      \
-  do {                                                         \
-    _tile_zero(C);                                             \
-    _tile_loadd(0, (A), a_stride);                             \
-    _tile_dpbf16ps(C, 0, 4);                                   \
-    _tile_loadd(1, (A) + a_step, a_stride);                    \
-    _tile_dpbf16ps(C, 1, 5);                                   \
-    if ((STEPS) == 4) {                                        \
-      _tile_loadd(0, (A) + 2 * a_step, a_stride);              \
-      _tile_dpbf16ps(C, 0, 6);                                 \
-      _tile_loadd(1, (A) + 3 * a_step, a_stride);              \
-      _tile_dpbf16ps(C, 1, 7);                                 \
-    }                                                          \
+#define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)        \
+  do {                                            \
+    _tile_zero(C);                                \
+    _tile_loadd(0, (A), a_stride);                \
+    _tile_dpbf16ps(C, 0, 4);                      \
+    _tile_loadd(1, (A) + a_step, a_stride);       \
+    _tile_dpbf16ps(C, 1, 5);                      \
+    if ((STEPS) == 4) {                           \
+      _tile_loadd(0, (A) + 2 * a_step, a_stride); \
+      _tile_dpbf16ps(C, 0, 6);                    \
+      _tile_loadd(1, (A) + 3 * a_step, a_stride); \
+      _tile_dpbf16ps(C, 1, 7);                    \
+    }                                             \
   } while (0)
 
 template <bool kFp8>
@@ -305,10 +309,12 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
       const int64_t n0 = r0 + 16 * p, nr = std::min<int64_t>(16, r1 - n0);
       const uint8_t* panel = wbase + n0 * row_bytes;
       // this panel's rows of the next block (or, at the last block, nothing: the task ends)
-      if (b + 1 < nb) prefetch_rows(panel + elem * (k0 + 128), row_bytes, nr, elem * std::min<int64_t>(128, K - k0 - 128));
+      if (b + 1 < nb)
+        prefetch_rows(panel + elem * (k0 + 128), row_bytes, nr, elem * std::min<int64_t>(128, K - k0 - 128));
       const int cur = static_cast<int>(p & 1);
       int64_t a_stride = 0;
-      const auto* a = static_cast<const uint8_t*>(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur], a_stride));
+      const auto* a =
+          static_cast<const uint8_t*>(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur], a_stride));
       const int64_t a_step = a == reinterpret_cast<const uint8_t*>(abuf[cur]) ? sizeof(abuf[0][0]) : 64;
       const float scale = kFp8 ? fp8_scale_row(w, n0)[b] : 1.0f;
       if (cur == 0) {

@@ -206,7 +206,7 @@ struct Bf16Gemm {
 void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                           int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16);
-  if (amx_rows_ok(w, x, r0)) {  // the activations were prepared for AMX (amx_wanted)  // the activations were prepared for AMX (amx_wanted)
+  if (amx_rows_ok(w, x, r0)) {  // the activations were prepared for AMX (amx_wanted)
     rows_amx_avx512bf16(w, x, y, y_stride, accumulate, r0, r1);
     return;
   }

@@ -251,7 +251,8 @@ TEST(Matmul, AmxTransposedActivationsMatchTheRows) {
       for (int64_t kp = 0; kp < a.stride / 2; ++kp) {
         for (int64_t i = 0; i < a.xt_stride; ++i) {
           const uint32_t want = i < m ? words[i * (a.stride / 2) + kp] : 0u;
-          ASSERT_EQ(a.xt[kp * a.xt_stride + i], want) << "m=" << m << " k=" << k << " kp=" << kp << " i=" << i;
+          ASSERT_EQ(a.xt[kp * a.xt_stride + i], want)
+              << "m=" << m << " k=" << k << " kp=" << kp << " i=" << i;
         }
       }
       const ActView sub = act_rows(a, 1, m - 1);
