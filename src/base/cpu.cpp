@@ -193,9 +193,13 @@ std::atomic<bool>& amx_enabled_ref() {
 
 }  // namespace
 
+bool amx_bf16_available() {
+  static const bool available = amx_detect();
+  return available;
+}
+
 bool amx_bf16_usable() {
-  static const bool usable = amx_detect();
-  return usable && amx_enabled_ref().load(std::memory_order_relaxed);
+  return amx_bf16_available() && amx_enabled_ref().load(std::memory_order_relaxed);
 }
 
 void set_amx_enabled(bool enabled) { amx_enabled_ref().store(enabled); }

@@ -53,6 +53,9 @@ void set_simd_level_cap(SimdLevel cap);
 // (arch_prctl ARCH_REQ_XCOMP_PERM, requested once on the first call). FATHOM_AMX=0 turns it off
 // for the process (to compare paths); kernels also honour set_amx_enabled for tests.
 bool amx_bf16_usable();
+// The same without set_amx_enabled's override: fixed for the process, so buffers sized by it stay
+// consistent when a test turns AMX off and on.
+bool amx_bf16_available();
 // Overrides amx_bf16_usable for tests and benchmarks: false disables AMX, true restores detection.
 void set_amx_enabled(bool enabled);
 

@@ -26,21 +26,6 @@
 namespace fathom::cli {
 namespace {
 
-// The peak that bounds the dominant weight type's arithmetic.
-double peak_for(DType d, const PeakCompute& p, std::string* which) {
-  if (d == DType::kQ8_0 || d == DType::kQ4_0) {
-    *which = "int8";
-    return p.int8_gops;
-  }
-  if (d == DType::kF32 || d == DType::kF16) {
-    *which = "f32";
-    return p.f32_gflops;
-  }
-  // matmul's BF16 arithmetic: AMX tiles where they run, else vdpbf16ps
-  *which = p.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";
-  return p.matmul_bf16_gflops();
-}
-
 int run_bench_decode(int argc, char** argv) {
   std::string model_path, kv = "bf16";
   int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1, probe_every = 8;
@@ -154,8 +139,8 @@ int run_bench_decode(int argc, char** argv) {
   const double decode_fraction = (bytes_per_token / (bw_gbs * 1e9)) / s_per_token;
   std::string arith;
   const DType wdt = model.weights().layers.back().o.dtype;
-  const double peak_start = peak_for(wdt, peak, &arith), peak_before = peak_for(wdt, peak_pre, &arith),
-               peak_after = peak_for(wdt, peak_post, &arith);
+  const double peak_start = peak.for_weights(wdt, &arith), peak_before = peak_pre.for_weights(wdt, &arith),
+               peak_after = peak_post.for_weights(wdt, &arith);
   const double peak_g = (peak_before + peak_after) / 2;
   const double prefill_fraction = (prefill_flops / (peak_g * 1e9)) / prefill_s;
   if (json_out) {

@@ -148,19 +148,6 @@ double cpu_peak(const std::string& arith) {
   return r[2];
 }
 
-double peak_for(DType dtype, const PeakCompute& peak, std::string* arith) {
-  if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {
-    *arith = "int8";
-    return peak.int8_gops;
-  }
-  if ((dtype == DType::kBF16 || dtype == DType::kF8E4M3) && peak.level >= SimdLevel::kAvx512Bf16) {
-    *arith = peak.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";  // AMX tiles where they run
-    return peak.matmul_bf16_gflops();
-  }
-  *arith = "f32";
-  return peak.f32_gflops;
-}
-
 struct Limits {
   MemoryBandwidth bw;
   PeakCompute peak;
@@ -272,7 +259,7 @@ int run_gemm(int argc, char** argv) {
   Limits lim;
   lim.bw = measure_memory_bandwidth(pool);
   lim.peak = measure_peak_compute(pool);
-  lim.peak_ops = peak_for(*dtype, lim.peak, &lim.arith);
+  lim.peak_ops = lim.peak.for_weights(*dtype, &lim.arith);
   if (o.ceiling) lim.cpu_peak_ops = cpu_peak(lim.arith);
   if (!o.json) {
     std::printf("threads %d, simd %s, read %.1f GB/s, peak %s %.1f GOP/s", pool.size(),

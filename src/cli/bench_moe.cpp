@@ -181,10 +181,8 @@ int run_moe(int argc, char** argv) {
   Limits lim;
   lim.bw = measure_memory_bandwidth(pool);
   lim.peak = measure_peak_compute(pool);
-  const bool quant = *dtype == DType::kQ8_0 || *dtype == DType::kQ4_0;
-  const bool bf16ish =
-      (*dtype == DType::kBF16 || *dtype == DType::kF8E4M3) && lim.peak.level >= SimdLevel::kAvx512Bf16;
-  lim.peak_ops = quant ? lim.peak.int8_gops : bf16ish ? lim.peak.matmul_bf16_gflops() : lim.peak.f32_gflops;
+  std::string arith;
+  lim.peak_ops = lim.peak.for_weights(*dtype, &arith);
   if (!o.json) {
     std::printf("threads %d, %s experts %lld x [%lld, %lld] %s, read %.1f GB/s, peak %.1f GOP/s\n",
                 pool.size(), o.preset.c_str(), static_cast<long long>(p.n_experts),

@@ -109,21 +109,6 @@ uint64_t kv_bytes_for(const BenchServeOptions& o, const Model& model, MlaKvDType
   return static_cast<uint64_t>(bytes);
 }
 
-// The peak that bounds the dominant weight type's arithmetic (as in bench decode).
-double linear_peak(DType d, const PeakCompute& p, std::string* which) {
-  if (d == DType::kQ8_0 || d == DType::kQ4_0) {
-    *which = "int8";
-    return p.int8_gops;
-  }
-  if (d == DType::kF32 || d == DType::kF16) {
-    *which = "f32";
-    return p.f32_gflops;
-  }
-  // matmul's BF16 arithmetic: AMX tiles where they run, else vdpbf16ps
-  *which = p.amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";
-  return p.matmul_bf16_gflops();
-}
-
 int64_t moe_layers(const ModelConfig& c) {
   return c.n_routed_experts > 0 ? std::max<int64_t>(c.num_hidden_layers - c.first_k_dense_replace, 0) : 0;
 }
@@ -269,7 +254,7 @@ Status start_engine(const BenchServeOptions& o, Setup& s) {
   s.peak = measure_peak_compute(pool);
   s.weights = s.model->weights().layers.back().o.dtype;
   s.roof = {.bandwidth_gbs = s.bw.read_gbs,
-            .linear_peak_gflops = linear_peak(s.weights, s.peak, &s.arith),
+            .linear_peak_gflops = s.peak.for_weights(s.weights, &s.arith),
             .attention_peak_gflops = s.peak.bf16_gflops};
   return {};
 }

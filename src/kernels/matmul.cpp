@@ -180,8 +180,8 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   switch (kind) {
     case ActKind::kF32:
       return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
-    case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt)
-      return align64(rows * s * 2) + align64((s / 2) * (rows + 16) * 4);
+    case ActKind::kBF16:  // the rows, then (AMX CPUs) room for their transposed pairs (ActView::xt)
+      return align64(rows * s * 2) + (amx_bf16_available() ? align64((s / 2) * (rows + 16) * 4) : 0);
     case ActKind::kQ8:
       return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
   }
@@ -204,7 +204,8 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
       a.stride = padded(k);
       a.bf16 = reinterpret_cast<uint16_t*>(base);
       a.bf16_perm64 = perm64;
-      a.xt_space = reinterpret_cast<uint32_t*>(base + align64(rows * static_cast<uint64_t>(a.stride) * 2));
+      if (amx_bf16_available())
+        a.xt_space = reinterpret_cast<uint32_t*>(base + align64(rows * static_cast<uint64_t>(a.stride) * 2));
       return a;
     case ActKind::kQ8: {
       const int64_t s = padded(k);

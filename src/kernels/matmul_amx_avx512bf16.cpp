@@ -27,31 +27,18 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/matmul_fp8vbmi_conv.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512_impl.h"
 #include "tensor/tensor.h"
 
 namespace fathom::matmul_internal {
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// All eight tiles 16 rows x 64 bytes. amx_rows: 0-3 A (a block's four 32-column steps), 4-5 B,
-// 6-7 C; amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a block's four steps).
-void configure_tiles() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = 64;
-    c.rows[t] = 16;
-  }
-  _tile_loadconfig(&c);
-}
+// Tile roles (all eight tiles 16 rows x 64 bytes, amx::configure_full_tiles): amx_rows: 0-3 A
+// (a block's four 32-column steps), 4-5 B, 6-7 C; amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a
+// block's four steps).
 
 // Grow-only per-thread fp32 totals ([m tiles][16 weight rows][16 activation rows]), as the
 // prepared activations' scratch (matmul.cpp): allocated at the largest size seen, once per call.
@@ -151,38 +138,6 @@ inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* tota
   }
 }
 
-// In-register 16 x 16 transpose of 32-bit elements: r[j] = row j in, column j out.
-inline void transpose16(__m512i (&r)[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int j = 0; j < 16; j += 2) {
-    t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
-    t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 16; j += 4) {
-    r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
-    r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
-    r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
-    r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
-  }
-  // r[4q + c], 128-bit lane L: element 4L + c of rows 4q .. 4q + 3
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);      // lanes 0, 1 of r[j], then of r[4 + j]
-    t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);  // lanes 2, 3
-    t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
-    t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {  // column 4L + j: lane L of each row group
-    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
-    r[4 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
-    r[8 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);
-  }
-}
-
 // y[i, n0 + r] (=|+=) totals[i / 16][r][i % 16] for rows r < nr, activation rows i < m: each
 // 16 x 16 tile transposed in registers, rows written with a mask of nr lanes.
 void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy, int64_t n0,
@@ -193,7 +148,7 @@ void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy
     const float* t = totals + 16 * i0;
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) r[j] = _mm512_load_si512(t + 16 * j);
-    transpose16(r);
+    transpose16x16_epi32(r);
     const int64_t mi = std::min<int64_t>(16, m - i0);
     for (int64_t i = 0; i < mi; ++i) {
       float* yi = y + (i0 + i) * ldy + n0;
@@ -204,11 +159,18 @@ void write_out(const float* totals, int64_t m, int64_t nr, float* y, int64_t ldy
   }
 }
 
-// Converts (fp8) or copies (bf16 tail panel) a block's 16 x kc weights into abuf, or returns the
-// weights' own address; the A tiles' base and row stride.
+// Where a block's A tiles are: tile j (32 columns) at p + j * step, rows `stride` bytes apart.
+struct ATiles {
+  const uint8_t* p;
+  int64_t stride, step;
+};
+
+// Converts (fp8) or copies (bf16 tail panel) a block's 16 x kc weights into abuf ([step][row][32]),
+// or points at the weights themselves (bf16, 16 rows).
 template <bool kFp8>
-inline const void* stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int64_t row_bytes, int64_t nr,
-                           int64_t k0, int64_t kc, uint16_t (*abuf)[16][32], int64_t& stride) {
+inline ATiles stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int64_t row_bytes, int64_t nr,
+                      int64_t k0, int64_t kc, uint16_t (*abuf)[16][32]) {
+  const ATiles staged{reinterpret_cast<const uint8_t*>(abuf), 64, sizeof(abuf[0])};
   if constexpr (kFp8) {
     for (int r = 0; r < 16; ++r) {
       const uint8_t* src = panel + std::min<int64_t>(r, nr - 1) * row_bytes + k0;
@@ -222,19 +184,14 @@ inline const void* stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int
         _mm512_store_si512(abuf[3][r], b);
       }
     }
-    stride = 64;
-    return abuf;
+    return staged;
   } else {
-    if (nr == 16) {
-      stride = row_bytes;
-      return panel + 2 * k0;
-    }
+    if (nr == 16) return {panel + 2 * k0, row_bytes, 64};
     for (int r = 0; r < 16; ++r) {
       const uint8_t* src = panel + std::min<int64_t>(r, nr - 1) * row_bytes + 2 * k0;
       for (int s = 0; s < kc / 32; ++s) std::memcpy(abuf[s][r], src + 64 * s, 64);
     }
-    stride = 64;
-    return abuf;
+    return staged;
   }
 }
 
@@ -248,11 +205,11 @@ inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem
                 std::min<int64_t>(16, r1 - n), 128 * elem_bytes);
 }
 
-inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t kc) {
+inline void load_a_kc(const ATiles& a, int64_t kc) {
   if (kc == 128) {
-    load_a<4>(a, stride, step_bytes);
+    load_a<4>(a.p, a.stride, a.step);
   } else {
-    load_a<2>(a, stride, step_bytes);
+    load_a<2>(a.p, a.stride, a.step);
   }
 }
 
@@ -269,19 +226,19 @@ inline void load_a_kc(const void* a, int64_t stride, int64_t step_bytes, int64_t
 // prefetching the panel three ahead in sweep order instead of this panel's next block (5-8%
 // slower from DRAM); before this loop order, converting the next block while the current block's
 // products run, and four 16-row panels per B tile load.
-#define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)        \
-  do {                                            \
-    _tile_zero(C);                                \
-    _tile_loadd(0, (A), a_stride);                \
-    _tile_dpbf16ps(C, 0, 4);                      \
-    _tile_loadd(1, (A) + a_step, a_stride);       \
-    _tile_dpbf16ps(C, 1, 5);                      \
-    if ((STEPS) == 4) {                           \
-      _tile_loadd(0, (A) + 2 * a_step, a_stride); \
-      _tile_dpbf16ps(C, 0, 6);                    \
-      _tile_loadd(1, (A) + 3 * a_step, a_stride); \
-      _tile_dpbf16ps(C, 1, 7);                    \
-    }                                             \
+#define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)              \
+  do {                                                  \
+    _tile_zero(C);                                      \
+    _tile_loadd(0, (A).p, (A).stride);                  \
+    _tile_dpbf16ps(C, 0, 4);                            \
+    _tile_loadd(1, (A).p + (A).step, (A).stride);       \
+    _tile_dpbf16ps(C, 1, 5);                            \
+    if ((STEPS) == 4) {                                 \
+      _tile_loadd(0, (A).p + 2 * (A).step, (A).stride); \
+      _tile_dpbf16ps(C, 0, 6);                          \
+      _tile_loadd(1, (A).p + 3 * (A).step, (A).stride); \
+      _tile_dpbf16ps(C, 1, 7);                          \
+    }                                                   \
   } while (0)
 
 template <bool kFp8>
@@ -295,7 +252,7 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
   alignas(64) uint16_t abuf[2][4][16][32];
   alignas(64) float ctmp[2][256];
   const Fp8VbmiConvert conv;
-  configure_tiles();
+  amx::configure_full_tiles();
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k0 = 128 * b, kc = std::min<int64_t>(128, K - k0), kp0 = k0 / 2;
     _tile_loadd(4, b_tile(x, kp0, 0), bs);
@@ -312,10 +269,7 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
       if (b + 1 < nb)
         prefetch_rows(panel + elem * (k0 + 128), row_bytes, nr, elem * std::min<int64_t>(128, K - k0 - 128));
       const int cur = static_cast<int>(p & 1);
-      int64_t a_stride = 0;
-      const auto* a =
-          static_cast<const uint8_t*>(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur], a_stride));
-      const int64_t a_step = a == reinterpret_cast<const uint8_t*>(abuf[cur]) ? sizeof(abuf[0][0]) : 64;
+      const ATiles a = stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur]);
       const float scale = kFp8 ? fp8_scale_row(w, n0)[b] : 1.0f;
       if (cur == 0) {
         AMX_ONE_TILE_PRODUCTS(2, kc == 128 ? 4 : 2, a);
@@ -352,7 +306,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   alignas(64) uint16_t abuf[4][16][32];  // A tiles of one block: [step][weight row][32 columns]
   alignas(64) float ctmp[2][256];
   const Fp8VbmiConvert conv;
-  configure_tiles();
+  amx::configure_full_tiles();
   for (int64_t n0 = r0; n0 < r1; n0 += 16) {
     const int64_t nr = std::min<int64_t>(16, r1 - n0);
     std::memset(totals, 0, static_cast<size_t>(256 * n_mt) * 4);
@@ -361,11 +315,9 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
     for (int64_t k0 = 0; k0 < K; k0 += 128) {
       const int64_t kc = std::min<int64_t>(128, K - k0);
       // the next block of this panel, or the first of the next one
-      prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, r1, k0 / 128 + 1);  // the next block
+      prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, r1, k0 / 128 + 1);
       const float scale = kFp8 ? srow[k0 / 128] : 1.0f;
-      int64_t a_stride = 0;
-      const void* a = stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf, a_stride);
-      load_a_kc(a, a_stride, a == static_cast<const void*>(abuf) ? sizeof(abuf[0]) : 64, kc);
+      load_a_kc(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf), kc);
       if (kc == 128) {
         block_all_m<4>(x, k0 / 2, n_mt, totals, scale, ctmp[0]);
       } else {
@@ -380,8 +332,10 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
 }  // namespace
 
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
-  return x.xt != nullptr && x.m >= kAmxMinM && w.cols % 64 == 0 && r0 % 16 == 0 &&
-         (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64));
+  if (x.xt == nullptr) return false;
+  // w must be what the view was prepared for (a mismatch is a caller bug, not a fallback)
+  CHECK(w.cols == x.k && (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64)));
+  return x.m >= kAmxMinM && r0 % 16 == 0;
 }
 
 void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
@@ -413,7 +367,7 @@ void act_transpose_pairs_avx512(const uint16_t* rows, int64_t m, int64_t stride,
       __m512i r[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j) r[j] = _mm512_maskz_loadu_epi32(kmask, src + (i + j) * ws + kp);
-      transpose16(r);
+      transpose16x16_epi32(r);
       for (int64_t c = 0; c < nk; ++c) _mm512_storeu_si512(xt + (kp + c) * xt_stride + i, r[c]);
     }
     for (int64_t c = 0; c < nk; ++c) {

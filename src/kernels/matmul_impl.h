@@ -133,8 +133,9 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
                           int64_t r0, int64_t r1);
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1);
-// AMX BF16 tiles for bf16 and fp8 (VBMI order) weights; requires x.xt, x.m >= kAmxMinM, k % 64 == 0
-// and r0 % 16 == 0 (amx_rows_ok says whether a call qualifies).
+// AMX BF16 tiles for bf16 and fp8 (VBMI order) weights. A view has xt only where amx_wanted held
+// for its dtype, converter and k; amx_rows_ok adds what each call decides: the row subview's m
+// (an expert's tokens) and a 16-row aligned r0.
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0);
 void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                          int64_t r0, int64_t r1);

@@ -100,6 +100,19 @@ double BandwidthProbe::read_gbs(int passes) {
   return best;
 }
 
+double PeakCompute::for_weights(DType dtype, std::string* arith) const {
+  if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {
+    *arith = "int8";
+    return int8_gops;
+  }
+  if ((dtype == DType::kBF16 || dtype == DType::kF8E4M3) && level >= SimdLevel::kAvx512Bf16) {
+    *arith = amx_bf16_gflops > 0 ? "amx_bf16" : "bf16";  // AMX tiles where they run
+    return matmul_bf16_gflops();
+  }
+  *arith = "f32";
+  return f32_gflops;
+}
+
 PeakCompute measure_peak_compute(ThreadPool& pool, double seconds) {
   PeakCompute r;
   r.threads = pool.size();
@@ -130,8 +143,10 @@ PeakCompute measure_peak_compute(ThreadPool& pool, double seconds) {
     return best;
   };
   const CpuFeatures& f = cpu_features();
-  if (r.level >= SimdLevel::kAvx512Bf16) r.bf16_gflops = measure(internal::peak_bf16_avx512bf16);
-  if (r.level >= SimdLevel::kAvx512Bf16 && amx_bf16_usable()) r.amx_bf16_gflops = measure(internal::peak_amx_bf16);
+  if (r.level >= SimdLevel::kAvx512Bf16) {
+    r.bf16_gflops = measure(internal::peak_bf16_avx512bf16);
+    if (amx_bf16_usable()) r.amx_bf16_gflops = measure(internal::peak_amx_bf16);
+  }
   if (r.level >= SimdLevel::kAvx512) {
     r.int8_gops = measure(internal::peak_int8_avx512);
     r.f32_gflops = measure(internal::peak_f32_avx512);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "base/cpu.h"
 #include "base/thread_pool.h"
@@ -49,6 +50,10 @@ struct PeakCompute {
   // else the vector dot products. Rooflines of work done by matmul (prefill, batched decode) use
   // this; the MLA decode kernel (vector only) uses bf16_gflops.
   double matmul_bf16_gflops() const { return amx_bf16_gflops > 0 ? amx_bf16_gflops : bf16_gflops; }
+  // The peak of the arithmetic matmul uses for weights of `dtype` (kernels/matmul.h): int8 VNNI for
+  // q8_0/q4_0, matmul_bf16_gflops for bf16/fp8 where vdpbf16ps exists, fp32 FMA otherwise; `arith`
+  // receives its name ("int8", "amx_bf16", "bf16", "f32"). The benches' rooflines for linears.
+  double for_weights(DType dtype, std::string* arith) const;
 };
 
 PeakCompute measure_peak_compute(ThreadPool& pool, double seconds = 0.2);

@@ -5,28 +5,16 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
-
+#include "kernels/amx_tiles.h"
 #include "kernels/roofline.h"
 
 namespace fathom::internal {
 
 double peak_amx_bf16(uint64_t iterations) {
-  struct alignas(64) Config {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
   alignas(64) uint16_t operand[16 * 32];
   for (auto& v : operand) v = 0x3c00;  // 2^-7: sums stay finite
   alignas(64) float out[256];
-  _tile_loadconfig(&cfg);
+  amx::configure_full_tiles();
   _tile_loadd(4, operand, 64);
   _tile_loadd(5, operand, 64);
   _tile_loadd(6, operand, 64);
