@@ -45,6 +45,7 @@ struct Options {
   int64_t rounds = 3;
   double rand_seconds = 1;
   std::string rand_bytes = "64M";
+  std::string split = "2M";
   bool no_fio = false;
   bool json = false;
 };
@@ -391,6 +392,7 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
                         {"batch", o.batch},
                         {"threads", o.threads},
                         {"queue_depth", qd},
+                        {"request_split", o.split},
                         {"target", target},
                         {"server", server},
                         {"put", r.put.to_json()},
@@ -407,9 +409,12 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
     print_json_line(j.dump());
     return;
   }
-  std::printf("store bench: %s blocks, %lld threads x batch %lld (queue depth %llu), %zu rounds, target %s\n",
-              format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
-              static_cast<unsigned long long>(qd), r.rounds.size(), target.c_str());
+  std::printf(
+      "store bench: %s blocks, %lld threads x batch %lld (queue depth %llu, requests of <= %s), %zu rounds, "
+      "target %s\n",
+      format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
+      static_cast<unsigned long long>(qd), o.split == "0" ? "the whole batch" : o.split.c_str(), r.rounds.size(),
+      target.c_str());
   std::printf(
       "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
       "%.0f%%\n",
@@ -442,6 +447,9 @@ int run_store_bench(int argc, char** argv) {
   args.option("--rounds", &o.rounds, "rounds, each phase next to its fio job (order alternating)");
   args.option("--rand-seconds", &o.rand_seconds, "duration of each round's 4 KiB random-read phase", "S");
   args.option("--rand-bytes", &o.rand_bytes, "data set of the 4 KiB random-read phase", "SIZE");
+  args.option("--request-split", &o.split,
+              "the client sends a batch as requests of at most this size, in flight together (0: one request)",
+              "SIZE");
   args.flag("--no-fio", &o.no_fio, "skip the fio baseline");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
@@ -450,7 +458,8 @@ int run_store_bench(int argc, char** argv) {
   auto block = parse_size(o.block, "--block-size");
   auto total = parse_size(o.bytes, "--bytes");
   auto rand_total = parse_size(o.rand_bytes, "--rand-bytes");
-  for (const auto* r : {&block, &total, &rand_total}) {
+  auto split = o.split == "0" ? Result<uint64_t>(uint64_t{0}) : parse_size(o.split, "--request-split");
+  for (const auto* r : {&block, &total, &rand_total, &split}) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
   if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block || o.rounds < 1 ||
@@ -474,7 +483,8 @@ int run_store_bench(int argc, char** argv) {
     local = std::move(*s);
     servers.push_back(local->address());
   }
-  auto client = storage::StorageClient::connect(storage::ClientParams{.servers = servers});
+  auto client = storage::StorageClient::connect(
+      storage::ClientParams{.servers = servers, .request_split_bytes = *split});
   if (!client.ok()) return fail(args.command(), client.status());
   const std::string target = (*client)->targets()[0].path;
   StoreBench bench(o, *block, *total, *rand_total, **client, local == nullptr);

@@ -249,7 +249,8 @@ Plan ClientImpl::plan(const std::vector<size_t>& target_of, const std::vector<bo
   Plan out;
   for (size_t s = 0; s < by_server.size(); ++s) {
     const ServerConn& sc = *servers_[s];
-    const uint64_t limit = request_limit(sc);
+    uint64_t limit = request_limit(sc);
+    if (params_.request_split_bytes > 0) limit = std::min(limit, params_.request_split_bytes);
     std::vector<size_t> cur;
     uint64_t bytes = 0;
     for (size_t i : by_server[s]) {

@@ -129,6 +129,43 @@ TEST_P(Transports, BatchesOfChunksRoundTripOverSeveralTargets) {
   for (size_t i = 0; i < views.size(); ++i) EXPECT_TRUE(existed[i]);
 }
 
+// A batch larger than request_split_bytes goes out as several requests at once (counted by the
+// server) and every chunk still lands and reads back; with splitting off it is one request each way.
+TEST(StorageService, LargeBatchesSplitIntoConcurrentRequests) {
+  Rng rng(testing::test_seed());
+  Cluster c(1);
+  std::vector<std::string> ids, data;
+  for (int i = 0; i < 12; ++i) {
+    ids.push_back("split/" + std::to_string(i));
+    data.push_back(payload(rng.next_u64(), (1u << 20) - rng.below(4096)));
+  }
+  for (const uint64_t split : {uint64_t{2} << 20, uint64_t{0}}) {
+    auto client = StorageClient::connect(
+        ClientParams{.servers = {c.server->address()}, .request_split_bytes = split});
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    std::vector<ChunkWrite> w;
+    for (size_t i = 0; i < ids.size(); ++i) w.push_back(ChunkWrite{.id = ids[i], .data = bytes(data[i])});
+    std::vector<ChunkWriteResult> wr(w.size());
+    // Requests whose bytes went through shared memory: the reads and writes, not the handshakes.
+    const uint64_t before = (*client)->health(0)->shm_requests;
+    (*client)->write(w, wr);
+    for (auto& r : wr) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    const uint64_t after_write = (*client)->health(0)->shm_requests;
+    std::vector<ChunkRead> rd;
+    for (auto& id : ids) rd.push_back(ChunkRead{.id = id});
+    std::vector<ChunkReadResult> rr(rd.size());
+    (*client)->read(rd, rr);
+    const uint64_t after_read = (*client)->health(0)->shm_requests;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(rr[i].status.ok()) << rr[i].status.to_string();
+      EXPECT_EQ(std::string(rr[i].data.begin(), rr[i].data.end()), data[i]) << ids[i];
+    }
+    const uint64_t expected = split > 0 ? 6 : 1;  // 12 chunks of just under 1 MiB, two per 2 MiB
+    EXPECT_EQ(after_write - before, expected) << "split " << split;
+    EXPECT_EQ(after_read - after_write, expected) << "split " << split;
+  }
+}
+
 TEST_P(Transports, KvPutGetBatchExistsPrefixRemove) {
   Cluster c(2, 0, 16, GetParam());
   KvCache kv(*c.client);

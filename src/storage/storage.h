@@ -131,12 +131,17 @@ struct ClientParams {
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 60000;
   int retries = 3;               // resend after a broken connection (writes are idempotent)
-  int idle_connections = 8;      // kept open per server
+  int idle_connections = 32;     // kept open per server
   bool verify_checksums = true;  // check each read's CRC32C in the client too
   // Same-host servers: a shared-memory segment of this size per connection carries the chunk
   // bytes (the server reads from disk straight into it and writes to disk straight from it), so
   // nothing crosses the socket but the messages. 0 turns it off; other hosts fall back to TCP.
   uint64_t shm_bytes = 64u << 20;
+  // A batch of more bytes than this for one server goes out as several requests at once (each up
+  // to this size, on its own connection). A request completes with its slowest block and syncs
+  // and commits after its last, so one big request leaves the disk idle at both ends; smaller
+  // requests in flight together keep its queue full. 0: only the server's limits split.
+  uint64_t request_split_bytes = 2u << 20;
 };
 
 enum class ChunkMode : uint8_t { kOverwrite = 0, kCreate = 1 };  // kCreate keeps a live chunk
