@@ -385,18 +385,11 @@ void ChunkEngine::write_data_and_commit(std::span<const WriteItem> items, std::v
     free_slot_locked(slots[i]);
   };
   (void)files_->run(io);
-  std::map<int, std::vector<size_t>> by_file;
   for (size_t k = 0; k < io.size(); ++k) {
     if (!io[k].status.ok()) {
       fail(io_item[k], io[k].status);
     } else {
-      by_file[io[k].file].push_back(io_item[k]);
-    }
-  }
-  for (auto& [file, list] : by_file) {
-    Status s = files_->sync(file);
-    if (!s.ok()) {
-      for (size_t i : list) fail(i, s);
+      ops[io_item[k]].data_file = io[k].file;  // synced by the commit, together with other requests'
     }
   }
   std::vector<CommitOp> live_ops;
@@ -480,13 +473,34 @@ void ChunkEngine::commit(std::span<CommitOp> ops) {
 }
 
 void ChunkEngine::run_commit(std::vector<CommitGroup*>& groups) {
+  // Data first: one fdatasync per data file for every put of these groups (requests that finished
+  // their I/O while the previous commit ran share it), then the metadata. A put whose file fails
+  // to sync is not committed and gets the error.
+  std::map<int, Status> synced;
+  for (CommitGroup* g : groups) {
+    for (const CommitOp& op : g->ops) {
+      if (op.is_put && op.data_file >= 0) synced.emplace(op.data_file, Status());
+    }
+  }
+  for (auto& [file, status] : synced) status = files_->sync(file);
+  for (CommitGroup* g : groups) {
+    for (CommitOp& op : g->ops) {
+      if (!op.is_put || op.data_file < 0) continue;
+      if (const Status& st = synced[op.data_file]; !st.ok()) {
+        op.status = st;
+        op.skip = true;  // its slot is freed below, like a put that found its key taken
+      }
+    }
+  }
   std::vector<MetaWrite> writes;
   {
     std::unordered_map<std::string_view, Pending> overlay;
     std::lock_guard lock(mu_);
     const int64_t now = now_ms();
     for (CommitGroup* g : groups) {
-      for (CommitOp& op : g->ops) decide_locked(op, overlay, now, writes);
+      for (CommitOp& op : g->ops) {
+        if (!op.skip) decide_locked(op, overlay, now, writes);
+      }
     }
   }
   Status s;

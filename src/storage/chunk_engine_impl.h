@@ -38,6 +38,7 @@ struct ChunkEngine::CommitOp {
   ChunkMeta meta;  // the new record; version filled in when the commit is decided
   WriteMode mode = WriteMode::kOverwrite;
   WriteTag tag;
+  int data_file = -1;  // the data file the put wrote: the commit syncs it before the metadata
   // delete
   DeleteReason reason = DeleteReason::kRemove;
   std::optional<uint64_t> expect_version;  // eviction/expiry: only if unchanged since chosen
