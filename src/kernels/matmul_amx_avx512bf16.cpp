@@ -36,6 +36,13 @@
 namespace fathom::matmul_internal {
 namespace {
 
+// amx_rows' cache blocking (AmxBlocking, matmul_impl.h): 1 MiB of transposed activations is half
+// of a 2 MiB L2; each pass converts the weights again, so it takes at least 8 activation tiles;
+// the totals of a pass are 1 KiB per tile and panel. Measured on a Xeon (AMX) VM, fp8, 2 threads:
+// [3072 x 2048] at m = 1024 1.45x and m = 512 1.18x faster, [7168 x 7168] at m = 512 1.44x,
+// [2048 x 10944] at m = 1024 1.06x (docs/PERFORMANCE.md).
+AmxBlocking g_blocking;
+
 // Tile roles (all eight tiles 16 rows x 64 bytes, amx::configure_full_tiles): amx_rows: 0-3 A
 // (a block's four 32-column steps), 4-5 B, 6-7 C; amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a
 // block's four steps).
@@ -103,17 +110,17 @@ inline void load_a(const void* base, int64_t stride_bytes, int64_t step_bytes) {
 // All m tiles against the A tiles of one block; products alternate between C tiles 6 and 7 so
 // one is stored while the other computes.
 template <int kSteps>
-inline void block_all_m(const ActView& x, int64_t kp0, int64_t n_mt, float* totals, float scale,
+inline void block_all_m(const ActView& x, int64_t kp0, int64_t i_base, int64_t n_mt, float* totals, float scale,
                         float* ctmp) {
   int64_t mt = 0;
   for (; mt + 2 <= n_mt; mt += 2) {
-    AMX_BLOCK_PRODUCT(6, kSteps, x, kp0, 16 * mt);
-    AMX_BLOCK_PRODUCT(7, kSteps, x, kp0, 16 * (mt + 1));
+    AMX_BLOCK_PRODUCT(6, kSteps, x, kp0, i_base + 16 * mt);
+    AMX_BLOCK_PRODUCT(7, kSteps, x, kp0, i_base + 16 * (mt + 1));
     AMX_ADD_BLOCK(6, totals + 256 * mt, scale, ctmp);
     AMX_ADD_BLOCK(7, totals + 256 * (mt + 1), scale, ctmp + 256);
   }
   if (mt < n_mt) {  // one m tile left: its steps alternate between C tiles (two short chains)
-    const int64_t bs = x.xt_stride * 4, i0 = 16 * mt;
+    const int64_t bs = x.xt_stride * 4, i0 = i_base + 16 * mt;
     _tile_zero(6);
     _tile_zero(7);
     _tile_loadd(4, b_tile(x, kp0, i0), bs);
@@ -301,35 +308,64 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   const int64_t K = w.cols, m = x.m, n_mt = (m + 15) / 16;
   const int64_t row_bytes = kFp8 ? K : 2 * K;
   const auto* wbase = static_cast<const uint8_t*>(w.data);
-  float* totals = totals_buffer(256 * n_mt);
+  // Cache blocking: a pass takes chunk_mt activation tiles over a k range of kr columns, whose
+  // transposed activations (32 bytes per column and tile) stay in L2 while up to kGroupPanels
+  // weight panels run against them; totals persist across the k ranges of a pass.
+  const AmxBlocking bl = g_blocking;
+  int64_t chunk_mt = n_mt, kr = K;
+  if (K * 32 * n_mt > bl.chunk_bytes) {
+    chunk_mt = std::clamp<int64_t>(bl.chunk_bytes / (K * 32), std::min(bl.min_tiles, n_mt), n_mt);
+    kr = std::max<int64_t>(128, bl.chunk_bytes / (chunk_mt * 32) / 128 * 128);
+  }
+  const int64_t group_rows = 16 * bl.group_panels;
+  float* totals = totals_buffer(256 * chunk_mt * bl.group_panels);
   const int64_t nb = (K + 127) / 128;
   alignas(64) uint16_t abuf[4][16][32];  // A tiles of one block: [step][weight row][32 columns]
   alignas(64) float ctmp[2][256];
   const Fp8VbmiConvert conv;
   amx::configure_full_tiles();
-  for (int64_t n0 = r0; n0 < r1; n0 += 16) {
-    const int64_t nr = std::min<int64_t>(16, r1 - n0);
-    std::memset(totals, 0, static_cast<size_t>(256 * n_mt) * 4);
-    const float* srow = kFp8 ? fp8_scale_row(w, n0) : nullptr;
-    const uint8_t* panel = wbase + n0 * row_bytes;
-    for (int64_t k0 = 0; k0 < K; k0 += 128) {
-      const int64_t kc = std::min<int64_t>(128, K - k0);
-      // the next block of this panel, or the first of the next one
-      prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, r1, k0 / 128 + 1);
-      const float scale = kFp8 ? srow[k0 / 128] : 1.0f;
-      load_a_kc(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf), kc);
-      if (kc == 128) {
-        block_all_m<4>(x, k0 / 2, n_mt, totals, scale, ctmp[0]);
-      } else {
-        block_all_m<2>(x, k0 / 2, n_mt, totals, scale, ctmp[0]);
+  for (int64_t g0 = r0; g0 < r1; g0 += group_rows) {
+    const int64_t g1 = std::min(r1, g0 + group_rows);
+    for (int64_t mt0 = 0; mt0 < n_mt; mt0 += chunk_mt) {
+      const int64_t c_mt = std::min(chunk_mt, n_mt - mt0), i0 = 16 * mt0;
+      std::memset(totals, 0, static_cast<size_t>(256 * c_mt * bl.group_panels) * 4);
+      for (int64_t kr0 = 0; kr0 < K; kr0 += kr) {
+        const int64_t kr1 = std::min(K, kr0 + kr);
+        for (int64_t n0 = g0; n0 < g1; n0 += 16) {
+          const int64_t nr = std::min<int64_t>(16, g1 - n0);
+          float* tot = totals + 256 * c_mt * ((n0 - g0) / 16);
+          const float* srow = kFp8 ? fp8_scale_row(w, n0) : nullptr;
+          const uint8_t* panel = wbase + n0 * row_bytes;
+          for (int64_t k0 = kr0; k0 < kr1; k0 += 128) {
+            const int64_t kc = std::min<int64_t>(128, K - k0);
+            // the next block of this panel, or the first of the next one
+            prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, g1, k0 / 128 + 1);
+            const float scale = kFp8 ? srow[k0 / 128] : 1.0f;
+            load_a_kc(stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf), kc);
+            if (kc == 128) {
+              block_all_m<4>(x, k0 / 2, i0, c_mt, tot, scale, ctmp[0]);
+            } else {
+              block_all_m<2>(x, k0 / 2, i0, c_mt, tot, scale, ctmp[0]);
+            }
+          }
+        }
+      }
+      const int64_t rows = std::min<int64_t>(16 * c_mt, m - i0);
+      for (int64_t n0 = g0; n0 < g1; n0 += 16) {
+        write_out(totals + 256 * c_mt * ((n0 - g0) / 16), rows, std::min<int64_t>(16, g1 - n0), y + i0 * ldy,
+                  ldy, n0, accumulate);
       }
     }
-    write_out(totals, m, nr, y, ldy, n0, accumulate);
   }
   _tile_release();
 }
 
 }  // namespace
+
+void set_amx_blocking(const AmxBlocking& b) {
+  CHECK(b.chunk_bytes > 0 && b.min_tiles >= 1 && b.group_panels >= 1);
+  g_blocking = b;
+}
 
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
   if (x.xt == nullptr) return false;

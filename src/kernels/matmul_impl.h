@@ -139,6 +139,16 @@ void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, i
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0);
 void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                          int64_t r0, int64_t r1);
+// Cache blocking of the tiles' m > 16 path: a pass keeps up to chunk_bytes of transposed
+// activations (at least min_tiles 16-row tiles, over as many columns as fit) in L2 while up to
+// group_panels 16-row weight panels run against them. Defaults 1 MiB, 8, 16; tests shrink them so
+// small shapes take several passes and column ranges.
+struct AmxBlocking {
+  int64_t chunk_bytes = 1 << 20;
+  int64_t min_tiles = 8;
+  int64_t group_panels = 16;
+};
+void set_amx_blocking(const AmxBlocking& b);
 // xt[kp * xt_stride + i] = pair kp of row i for kp in [kp0, kp1), rows [0, m); AVX-512.
 void act_transpose_pairs_avx512(const uint16_t* rows, int64_t m, int64_t stride, int64_t kp0, int64_t kp1,
                                 uint32_t* xt, int64_t xt_stride);

@@ -232,6 +232,34 @@ TEST(Matmul, AmxTilesAndAvx512KernelsBothMatchReference) {
   set_amx_enabled(true);
 }
 
+// The m > 16 tile path's cache blocking, shrunk so small shapes take several activation passes
+// (a last short one included), several column ranges (a 64-column last block with bf16) and
+// several weight-panel groups (a last short panel included).
+TEST(Matmul, AmxCacheBlockingMatchesReference) {
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t cols_list[] = {192, 576, 1088};
+  const int64_t rows_list[] = {40, 144, 200};
+  const int64_t ms[] = {17, 40, 70, 150};
+  for (const matmul_internal::AmxBlocking b : {matmul_internal::AmxBlocking{16 << 10, 2, 2},
+                                               matmul_internal::AmxBlocking{48 << 10, 3, 3}}) {
+    matmul_internal::set_amx_blocking(b);
+    for (DType t : {DType::kBF16, DType::kF8E4M3}) {
+      for (int trial = 0; trial < 6; ++trial) {
+        Case c{rows_list[rng.below(3)], cols_list[rng.below(3)], ms[rng.below(4)], rng.below(2) == 1,
+               static_cast<int64_t>(rng.below(3)), static_cast<int64_t>(rng.below(3))};
+        ASSERT_TRUE(matmul_internal::amx_wanted(t, simd_level(), c.m, c.cols));
+        auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
+        check_case(rng, w.view, c, *pool,
+                   fmt::format("blocking {}/{}/{} {}", b.chunk_bytes, b.min_tiles, b.group_panels,
+                               describe(t, simd_level(), c)));
+      }
+    }
+  }
+  matmul_internal::set_amx_blocking({});
+}
+
 // The transposed column pairs the AMX tiles read (ActView::xt), word for word, including the zero
 // columns past the last row, and through act_rows.
 TEST(Matmul, AmxTransposedActivationsMatchTheRows) {
