@@ -448,7 +448,7 @@ int run_store_bench(int argc, char** argv) {
   args.option("--rand-seconds", &o.rand_seconds, "duration of each round's 4 KiB random-read phase", "S");
   args.option("--rand-bytes", &o.rand_bytes, "data set of the 4 KiB random-read phase", "SIZE");
   args.option("--request-split", &o.split,
-              "the client sends a batch as requests of at most this size, in flight together (0: one request)",
+              "the client sends a batch as requests of at most this size, in flight together (0: no split beyond the server's limits)",
               "SIZE");
   args.flag("--no-fio", &o.no_fio, "skip the fio baseline");
   args.flag("--json", &o.json, "print one JSON object");

@@ -36,11 +36,12 @@
 namespace fathom::matmul_internal {
 namespace {
 
-// amx_rows' cache blocking (AmxBlocking, matmul_impl.h): 1 MiB of transposed activations is half
-// of a 2 MiB L2; each pass converts the weights again, so it takes at least 8 activation tiles;
-// the totals of a pass are 1 KiB per tile and panel. Measured on a Xeon (AMX) VM, fp8, 2 threads:
-// [3072 x 2048] at m = 1024 1.45x and m = 512 1.18x faster, [7168 x 7168] at m = 512 1.44x,
-// [2048 x 10944] at m = 1024 1.06x (docs/PERFORMANCE.md).
+// amx_rows' cache blocking (AmxBlocking, matmul_impl.h): 512 KiB of transposed activations is a
+// quarter of a 2 MiB L2 (256-512 KiB measured alike, 1 MiB 5-20% slower); each pass converts the
+// weights again, so it takes at least 8 activation tiles; the totals of a pass are 1 KiB per tile
+// and panel. Measured on a Xeon (AMX) VM, fp8, 2 threads, against no blocking: [3072 x 2048] at
+// m = 1024 1.23x, [7168 x 7168] at m = 512 1.51x, [2048 x 10944] at m = 1024 1.47x
+// (docs/PERFORMANCE.md).
 AmxBlocking g_blocking;
 
 // Tile roles (all eight tiles 16 rows x 64 bytes, amx::configure_full_tiles): amx_rows: 0-3 A

@@ -141,10 +141,10 @@ void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_
                          int64_t r0, int64_t r1);
 // Cache blocking of the tiles' m > 16 path: a pass keeps up to chunk_bytes of transposed
 // activations (at least min_tiles 16-row tiles, over as many columns as fit) in L2 while up to
-// group_panels 16-row weight panels run against them. Defaults 1 MiB, 8, 16; tests shrink them so
+// group_panels 16-row weight panels run against them. Defaults 512 KiB, 8, 16; tests shrink them so
 // small shapes take several passes and column ranges.
 struct AmxBlocking {
-  int64_t chunk_bytes = 1 << 20;
+  int64_t chunk_bytes = 512 << 10;
   int64_t min_tiles = 8;
   int64_t group_panels = 16;
 };
