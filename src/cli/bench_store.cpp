@@ -413,8 +413,8 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
       "store bench: %s blocks, %lld threads x batch %lld (queue depth %llu, requests of <= %s), %zu rounds, "
       "target %s\n",
       format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
-      static_cast<unsigned long long>(qd), o.split == "0" ? "the whole batch" : o.split.c_str(), r.rounds.size(),
-      target.c_str());
+      static_cast<unsigned long long>(qd), o.split == "0" ? "the whole batch" : o.split.c_str(),
+      r.rounds.size(), target.c_str());
   std::printf(
       "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
       "%.0f%%\n",
@@ -448,7 +448,8 @@ int run_store_bench(int argc, char** argv) {
   args.option("--rand-seconds", &o.rand_seconds, "duration of each round's 4 KiB random-read phase", "S");
   args.option("--rand-bytes", &o.rand_bytes, "data set of the 4 KiB random-read phase", "SIZE");
   args.option("--request-split", &o.split,
-              "the client sends a batch as requests of at most this size, in flight together (0: no split beyond the server's limits)",
+              "the client sends a batch as requests of at most this size, in flight together (0: no split "
+              "beyond the server's limits)",
               "SIZE");
   args.flag("--no-fio", &o.no_fio, "skip the fio baseline");
   args.flag("--json", &o.json, "print one JSON object");

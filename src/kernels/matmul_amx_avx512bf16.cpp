@@ -111,8 +111,8 @@ inline void load_a(const void* base, int64_t stride_bytes, int64_t step_bytes) {
 // All m tiles against the A tiles of one block; products alternate between C tiles 6 and 7 so
 // one is stored while the other computes.
 template <int kSteps>
-inline void block_all_m(const ActView& x, int64_t kp0, int64_t i_base, int64_t n_mt, float* totals, float scale,
-                        float* ctmp) {
+inline void block_all_m(const ActView& x, int64_t kp0, int64_t i_base, int64_t n_mt, float* totals,
+                        float scale, float* ctmp) {
   int64_t mt = 0;
   for (; mt + 2 <= n_mt; mt += 2) {
     AMX_BLOCK_PRODUCT(6, kSteps, x, kp0, i_base + 16 * mt);

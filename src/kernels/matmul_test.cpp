@@ -242,13 +242,17 @@ TEST(Matmul, AmxCacheBlockingMatchesReference) {
   const int64_t cols_list[] = {192, 576, 1088};
   const int64_t rows_list[] = {40, 144, 200};
   const int64_t ms[] = {17, 40, 70, 150};
-  for (const matmul_internal::AmxBlocking b : {matmul_internal::AmxBlocking{16 << 10, 2, 2},
-                                               matmul_internal::AmxBlocking{48 << 10, 3, 3}}) {
+  for (const matmul_internal::AmxBlocking b :
+       {matmul_internal::AmxBlocking{16 << 10, 2, 2}, matmul_internal::AmxBlocking{48 << 10, 3, 3}}) {
     matmul_internal::set_amx_blocking(b);
     for (DType t : {DType::kBF16, DType::kF8E4M3}) {
       for (int trial = 0; trial < 6; ++trial) {
-        Case c{rows_list[rng.below(3)], cols_list[rng.below(3)], ms[rng.below(4)], rng.below(2) == 1,
-               static_cast<int64_t>(rng.below(3)), static_cast<int64_t>(rng.below(3))};
+        Case c{rows_list[rng.below(3)],
+               cols_list[rng.below(3)],
+               ms[rng.below(4)],
+               rng.below(2) == 1,
+               static_cast<int64_t>(rng.below(3)),
+               static_cast<int64_t>(rng.below(3))};
         ASSERT_TRUE(matmul_internal::amx_wanted(t, simd_level(), c.m, c.cols));
         auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
         check_case(rng, w.view, c, *pool,

@@ -140,8 +140,8 @@ TEST(StorageService, LargeBatchesSplitIntoConcurrentRequests) {
     data.push_back(payload(rng.next_u64(), (1u << 20) - rng.below(4096)));
   }
   for (const uint64_t split : {uint64_t{2} << 20, uint64_t{0}}) {
-    auto client = StorageClient::connect(
-        ClientParams{.servers = {c.server->address()}, .request_split_bytes = split});
+    auto client =
+        StorageClient::connect(ClientParams{.servers = {c.server->address()}, .request_split_bytes = split});
     ASSERT_TRUE(client.ok()) << client.status().to_string();
     std::vector<ChunkWrite> w;
     for (size_t i = 0; i < ids.size(); ++i) w.push_back(ChunkWrite{.id = ids[i], .data = bytes(data[i])});
