@@ -101,6 +101,10 @@ int run_mcp(int argc, char** argv) {
       return fail(args.command(), invalid_argument("--command '{}' is not NAME=CMD", c));
     build.commands.push_back({.name = c.substr(0, eq), .run = c.substr(eq + 1)});
   }
+  // The config's state as read: taken before the read, so a change made while the server starts
+  // (before the watcher's first look) is still seen as a change.
+  struct stat loaded = {};
+  if (!build.config.empty()) ::stat(build.config.c_str(), &loaded);
   auto commands = agent::load_build_commands(build);
   if (!commands.ok()) return fail(args.command(), commands.status());
   McpServer server(agent::build_tools(build, *commands),
@@ -109,8 +113,7 @@ int run_mcp(int argc, char** argv) {
   std::thread watcher;
   if (!build.config.empty()) {  // re-read the config when it changes; tell the client
     watcher = std::thread([&] {
-      struct stat last = {};
-      ::stat(build.config.c_str(), &last);
+      struct stat last = loaded;
       while (!stop.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         struct stat now = {};
