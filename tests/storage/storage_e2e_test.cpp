@@ -339,11 +339,12 @@ TEST(StoreBench, ReportsThroughputAndRatiosAgainstFio) {
   TempDir dir;
   RunResult r =
       run({"store", "bench", "--dir", dir.sub("bench"), "--bytes", "8M", "--block-size", "1M", "--batch", "4",
-           "--threads", "2", "--rand-seconds", "0.25", "--rand-bytes", "1M", "--json"});
+           "--threads", "2", "--rand-seconds", "0.25", "--rand-bytes", "1M", "--request-split", "2M", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string last = r.out.substr(r.out.rfind('{', r.out.rfind("\"block_bytes\"")));
   const auto j = nlohmann::json::parse(last);
   EXPECT_EQ(j["errors"], 0);
+  EXPECT_EQ(j["request_split"], "2M");  // each batch of four 1 MiB blocks went as two requests
   EXPECT_GT(j["put"]["gbs"].get<double>(), 0);
   EXPECT_GT(j["get"]["gbs"].get<double>(), 0);
   EXPECT_GT(j["rand4k_get"]["iops"].get<double>(), 0);
