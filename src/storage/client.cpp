@@ -270,9 +270,15 @@ Plan ClientImpl::plan(const std::vector<size_t>& target_of, const std::vector<bo
 
 void ClientImpl::run_all(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
+  // At most kMaxParallelRequests at once (threads and connections): a 64-page batch split into
+  // 2 MiB requests takes 8 connections, not 64 freshly opened ones.
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
   std::vector<std::thread> threads;
-  for (size_t i = 1; i < n; ++i) threads.emplace_back(fn, i);
-  fn(0);
+  for (size_t t = 1; t < std::min(n, kMaxParallelRequests); ++t) threads.emplace_back(worker);
+  worker();
   for (auto& t : threads) t.join();
 }
 

@@ -87,7 +87,8 @@ class ClientImpl final : public StorageClient {
   // Items (those with ok[i]) grouped per server and split within each server's limits.
   Plan plan(const std::vector<size_t>& target_of, const std::vector<bool>& ok,
             const std::function<uint64_t(size_t)>& bytes_of) const;
-  // Runs fn(r) for every request of a plan, concurrently when there are several.
+  // Runs fn(r) for every request of a plan, up to kMaxParallelRequests at once.
+  static constexpr size_t kMaxParallelRequests = 8;
   static void run_all(size_t n, const std::function<void(size_t)>& fn);
   // Where item i goes: its named target (checked) or its placement.
   Result<size_t> target_for(std::string_view id, std::optional<size_t> named) const;

@@ -164,6 +164,17 @@ TEST(StorageService, LargeBatchesSplitIntoConcurrentRequests) {
     EXPECT_EQ(after_write - before, expected) << "split " << split;
     EXPECT_EQ(after_read - after_write, expected) << "split " << split;
   }
+  // One request per chunk: 12 requests, but at most 8 at once, so at most 8 connections (plus
+  // the first client's, still open) reach the server.
+  auto one_each = StorageClient::connect(ClientParams{.servers = {c.server->address()}, .request_split_bytes = 1});
+  ASSERT_TRUE(one_each.ok());
+  std::vector<ChunkRead> rd;
+  for (auto& id : ids) rd.push_back(ChunkRead{.id = id});
+  std::vector<ChunkReadResult> rr(rd.size());
+  const uint64_t before = c.client->health(0)->connections;
+  (*one_each)->read(rd, rr);
+  for (auto& r : rr) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_LE(c.client->health(0)->connections, before + 8);
 }
 
 TEST_P(Transports, KvPutGetBatchExistsPrefixRemove) {
