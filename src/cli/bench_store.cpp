@@ -46,6 +46,7 @@ struct Options {
   double rand_seconds = 1;
   std::string rand_bytes = "64M";
   std::string split = "2M";
+  uint64_t split_bytes = 0;  // --request-split, parsed
   bool no_fio = false;
   bool json = false;
 };
@@ -392,7 +393,7 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
                         {"batch", o.batch},
                         {"threads", o.threads},
                         {"queue_depth", qd},
-                        {"request_split", o.split},
+                        {"request_split_bytes", o.split_bytes},
                         {"target", target},
                         {"server", server},
                         {"put", r.put.to_json()},
@@ -413,7 +414,8 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
       "store bench: %s blocks, %lld threads x batch %lld (queue depth %llu, requests of <= %s), %zu rounds, "
       "target %s\n",
       format_bytes(bs).c_str(), static_cast<long long>(o.threads), static_cast<long long>(o.batch),
-      static_cast<unsigned long long>(qd), o.split == "0" ? "the whole batch" : o.split.c_str(),
+      static_cast<unsigned long long>(qd),
+      o.split_bytes == 0 ? "the whole batch" : format_bytes(o.split_bytes).c_str(),
       r.rounds.size(), target.c_str());
   std::printf(
       "  put  %7.3f GB/s %8.0f IOPS  p50 %.2f ms p99 %.2f ms  %.2f cores per GB/s | fio write %.3f GB/s -> "
@@ -459,10 +461,11 @@ int run_store_bench(int argc, char** argv) {
   auto block = parse_size(o.block, "--block-size");
   auto total = parse_size(o.bytes, "--bytes");
   auto rand_total = parse_size(o.rand_bytes, "--rand-bytes");
-  auto split = o.split == "0" ? Result<uint64_t>(uint64_t{0}) : parse_size(o.split, "--request-split");
+  auto split = parse_size(o.split, "--request-split");
   for (const auto* r : {&block, &total, &rand_total, &split}) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
+  o.split_bytes = *split;
   if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block || o.rounds < 1 ||
       !(o.rand_seconds > 0)) {
     return fail(args.command(),
@@ -485,7 +488,7 @@ int run_store_bench(int argc, char** argv) {
     servers.push_back(local->address());
   }
   auto client = storage::StorageClient::connect(
-      storage::ClientParams{.servers = servers, .request_split_bytes = *split});
+      storage::ClientParams{.servers = servers, .request_split_bytes = o.split_bytes});
   if (!client.ok()) return fail(args.command(), client.status());
   const std::string target = (*client)->targets()[0].path;
   StoreBench bench(o, *block, *total, *rand_total, **client, local == nullptr);

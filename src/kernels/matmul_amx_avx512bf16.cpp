@@ -310,7 +310,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   const int64_t row_bytes = kFp8 ? K : 2 * K;
   const auto* wbase = static_cast<const uint8_t*>(w.data);
   // Cache blocking: a pass takes chunk_mt activation tiles over a k range of kr columns, whose
-  // transposed activations (32 bytes per column and tile) stay in L2 while up to kGroupPanels
+  // transposed activations (32 bytes per column and tile) stay in L2 while up to group_panels
   // weight panels run against them; totals persist across the k ranges of a pass.
   const AmxBlocking bl = g_blocking;
   int64_t chunk_mt = n_mt, kr = K;
@@ -319,7 +319,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
     kr = std::max<int64_t>(128, bl.chunk_bytes / (chunk_mt * 32) / 128 * 128);
   }
   const int64_t group_rows = 16 * bl.group_panels;
-  float* totals = totals_buffer(256 * chunk_mt * bl.group_panels);
+  float* totals = totals_buffer(256 * chunk_mt * std::min(bl.group_panels, (r1 - r0 + 15) / 16));
   const int64_t nb = (K + 127) / 128;
   alignas(64) uint16_t abuf[4][16][32];  // A tiles of one block: [step][weight row][32 columns]
   alignas(64) float ctmp[2][256];
@@ -329,7 +329,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
     const int64_t g1 = std::min(r1, g0 + group_rows);
     for (int64_t mt0 = 0; mt0 < n_mt; mt0 += chunk_mt) {
       const int64_t c_mt = std::min(chunk_mt, n_mt - mt0), i0 = 16 * mt0;
-      std::memset(totals, 0, static_cast<size_t>(256 * c_mt * bl.group_panels) * 4);
+      std::memset(totals, 0, static_cast<size_t>(256 * c_mt * ((g1 - g0 + 15) / 16)) * 4);
       for (int64_t kr0 = 0; kr0 < K; kr0 += kr) {
         const int64_t kr1 = std::min(K, kr0 + kr);
         for (int64_t n0 = g0; n0 < g1; n0 += 16) {

@@ -242,6 +242,9 @@ TEST(Matmul, AmxCacheBlockingMatchesReference) {
   const int64_t cols_list[] = {192, 576, 1088};
   const int64_t rows_list[] = {40, 144, 200};
   const int64_t ms[] = {17, 40, 70, 150};
+  struct Restore {  // the defaults come back however the test ends
+    ~Restore() { matmul_internal::set_amx_blocking({}); }
+  } restore;
   for (const matmul_internal::AmxBlocking b :
        {matmul_internal::AmxBlocking{16 << 10, 2, 2}, matmul_internal::AmxBlocking{48 << 10, 3, 3}}) {
     matmul_internal::set_amx_blocking(b);
@@ -261,7 +264,6 @@ TEST(Matmul, AmxCacheBlockingMatchesReference) {
       }
     }
   }
-  matmul_internal::set_amx_blocking({});
 }
 
 // The transposed column pairs the AMX tiles read (ActView::xt), word for word, including the zero

@@ -344,7 +344,7 @@ TEST(StoreBench, ReportsThroughputAndRatiosAgainstFio) {
   const std::string last = r.out.substr(r.out.rfind('{', r.out.rfind("\"block_bytes\"")));
   const auto j = nlohmann::json::parse(last);
   EXPECT_EQ(j["errors"], 0);
-  EXPECT_EQ(j["request_split"], "2M");  // each batch of four 1 MiB blocks went as two requests
+  EXPECT_EQ(j["request_split_bytes"], 2u << 20);  // each batch of four 1 MiB blocks went as two requests
   EXPECT_GT(j["put"]["gbs"].get<double>(), 0);
   EXPECT_GT(j["get"]["gbs"].get<double>(), 0);
   EXPECT_GT(j["rand4k_get"]["iops"].get<double>(), 0);
