@@ -104,6 +104,13 @@ int run_train(int argc, char** argv) {
               "start a new run from a Hugging Face checkpoint's weights (e.g. a `fathom export --dtype f32` "
               "directory; fresh optimizer state)",
               "DIR");
+  args.option("--prev-token-heads", &o.prev_token_heads,
+              "build N heads of decoder layer 0 as previous-token heads at initialisation (the first half "
+              "of the induction circuit that copying from the context needs; docs/train.md)",
+              "N");
+  args.flag("--bf16", &o.bf16_gemms,
+            "compute the matrix products in bf16 where AMX tiles run them (fp32 master weights, optimizer "
+            "and other ops; docs/train.md)");
   args.option("--time-budget", &time_budget_min, "stop cleanly with a checkpoint after this many minutes",
               "MINUTES");
   args.flag("--no-peak", &no_peak, "skip measuring the fp32 peak (no MFU)");

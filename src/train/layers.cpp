@@ -19,12 +19,7 @@ namespace fathom::train {
 template <class T>
 void linear_forward(const T* x, const T* w, int64_t m, int64_t in, int64_t out, T* y) {
   if (m == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    const WeightView view{.dtype = DType::kF32, .rows = out, .cols = in, .data = w};
-    matmul(view, x, m, y);
-  } else {
-    gemm_nt(m, out, in, x, w, y, false);
-  }
+  gemm_nt(m, out, in, x, w, y, false);  // float: the runtime's matmul kernel (gemm.h)
 }
 
 template <class T>
@@ -168,6 +163,21 @@ double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab,
   return n_valid > 0 ? total / static_cast<double>(n_valid) : 0.0;
 }
 
+// out[i] = 1 / (1 + exp(-g[i])) over the pool; float uses the runtime's vectorised exp (kernels/ops.h,
+// ~2e-7 relative), double std::exp. Elementwise, so independent of the thread count.
+template <class T>
+void sigmoid(const T* g, T* out, int64_t n) {
+  default_pool().parallel_for(n, 8192, [&](int64_t i0, int64_t i1, int) {
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = -g[i];
+      exp_f32(out + i0, out + i0, i1 - i0);
+      for (int64_t i = i0; i < i1; ++i) out[i] = 1.0f / (1.0f + out[i]);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) out[i] = T(1) / (T(1) + std::exp(-g[i]));
+    }
+  });
+}
+
 template <class T>
 void swiglu_forward(const T* x, const T* wg, const T* wu, const T* wd, int64_t m, int64_t hidden,
                     int64_t inter, T* y, SwigluContext<T>& ctx) {
@@ -180,10 +190,8 @@ void swiglu_forward(const T* x, const T* wg, const T* wu, const T* wd, int64_t m
   ctx.h.resize(ctx.g.size());
   linear_forward(x, wg, m, hidden, inter, ctx.g.data());
   linear_forward(x, wu, m, hidden, inter, ctx.u.data());
-  for (size_t i = 0; i < ctx.g.size(); ++i) {
-    const T gi = ctx.g[i];
-    ctx.h[i] = gi / (T(1) + std::exp(-gi)) * ctx.u[i];
-  }
+  sigmoid(ctx.g.data(), ctx.h.data(), m * inter);
+  for (size_t i = 0; i < ctx.g.size(); ++i) ctx.h[i] *= ctx.g[i] * ctx.u[i];
   linear_forward(ctx.h.data(), wd, m, inter, hidden, y);
 }
 
@@ -196,9 +204,10 @@ void swiglu_backward_input(SwigluContext<T>& ctx, const T* wg, const T* wu, cons
   ctx.du.resize(ctx.dg.size());
   // dh = dy . Wd, then through h = silu(g) * u.
   linear_backward_input(dy, wd, m, inter, hidden, ctx.dg.data(), false);
+  sigmoid(ctx.g.data(), ctx.du.data(), m * inter);  // du holds sigmoid(g) until overwritten below
   for (size_t i = 0; i < ctx.dg.size(); ++i) {
     const T gi = ctx.g[i], dh = ctx.dg[i];
-    const T sig = T(1) / (T(1) + std::exp(-gi));
+    const T sig = ctx.du[i];
     ctx.du[i] = dh * gi * sig;
     ctx.dg[i] = dh * ctx.u[i] * sig * (T(1) + gi * (T(1) - sig));
   }

@@ -177,6 +177,62 @@ TEST(TrainLayers, MlaWithQProjBackwardMatchesFiniteDifferences) {
   check_mla(false);
 }
 
+// --prev-token-heads: at initialisation the chosen heads of layer 0 put nearly all their weight on
+// the previous position, for random tokens anywhere in a long sequence, with q LoRA or q_proj;
+// the other heads, and every head without the option, do not.
+void check_prev_token_heads(bool q_lora) {
+  Rng rng(testing::fresh_seed(q_lora ? "previous-token heads, q LoRA" : "previous-token heads, q_proj"));
+  ModelConfig c = testing::tiny_config(q_lora);  // then the tiny preset's attention shape
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = c.num_key_value_heads = 8;
+  c.q_lora_rank = q_lora ? 128 : 0;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = c.qk_rope_head_dim = c.v_head_dim = 32;
+  c.max_position_embeddings = 4096;
+  c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
+  auto layout = make_param_layout(c, false);
+  ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+  const SeqShape shape{1, 384};
+  const int64_t S = shape.seq_len, hd = c.hidden_size, H = c.num_attention_heads;
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab_size));
+  for (const int heads : {0, 2}) {
+    auto p = make_params<float>(*layout);
+    init_params(p, rng.next_u64(), 1.0, heads);
+    std::vector<float> x(static_cast<size_t>(S * hd)), y(x.size());
+    for (int64_t i = 0; i < S; ++i) {  // the input RMSNorm (weight 1) of the embedding rows
+      const float* e = p.embed + tokens[static_cast<size_t>(i)] * hd;
+      double sq = 0;
+      for (int64_t k = 0; k < hd; ++k) sq += double(e[k]) * e[k];
+      const double inv = 1.0 / std::sqrt(sq / double(hd) + c.rms_norm_eps);
+      for (int64_t k = 0; k < hd; ++k) x[static_cast<size_t>(i * hd + k)] = static_cast<float>(e[k] * inv);
+    }
+    MlaContext<float> ctx;
+    mla_forward(c, p.layers[0], shape, x.data(), y.data(), ctx);
+    for (int64_t h = 0; h < H; ++h) {
+      double mean = 0, worst = 1;
+      for (int64_t i = 1; i < S; ++i) {
+        const double w = ctx.p[static_cast<size_t>((h * S + i) * S + i - 1)];
+        mean += w / double(S - 1);
+        worst = std::min(worst, w);
+      }
+      if (h < heads) {
+        EXPECT_GT(mean, 0.98) << "head " << h;
+        EXPECT_GT(worst, 0.95) << "head " << h;
+      } else {
+        EXPECT_LT(mean, 0.5) << "head " << h << " of " << heads << " seeded";
+      }
+    }
+  }
+}
+
+TEST(TrainLayers, PrevTokenHeadsAttendToThePreviousPositionAtInitialisation) {
+  check_prev_token_heads(true);
+  check_prev_token_heads(false);
+}
+
 TEST(TrainLayers, MoeBackwardWithBalanceLossMatchesFiniteDifferences) {
   Rng rng(testing::fresh_seed("MoE"));
   for (bool norm_topk : {true, false}) {

@@ -7,6 +7,7 @@
 
 #include "base/rng.h"
 #include "formats/safetensors.h"
+#include "kernels/rope.h"
 #include "tensor/convert.h"
 #include "train/train.h"
 
@@ -169,8 +170,164 @@ ModelParams<T> make_params(const ParamLayout& layout) {
   return m;
 }
 
+RopeParams rope_params(const ModelConfig& c) {
+  RopeParams rp;
+  rp.dim = c.qk_rope_head_dim;
+  rp.theta = c.rope_theta;
+  if (c.rope_scaling.yarn) {
+    rp.factor = c.rope_scaling.factor;
+    rp.original_max_positions = c.rope_scaling.original_max_position_embeddings;
+    rp.beta_fast = c.rope_scaling.beta_fast;
+    rp.beta_slow = c.rope_scaling.beta_slow;
+    rp.mscale = c.rope_scaling.mscale;
+    rp.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  }
+  return rp;
+}
+
+namespace {
+
+// Previous-token heads at initialisation (docs/train.md, "Previous-token heads"). Copying a
+// token seen earlier at an arbitrary distance takes two heads in series: one that writes each
+// position's previous token into the residual stream, and one in a later layer whose keys match
+// that against the current token. Neither half has a gradient until the other exists, which is
+// the long plateau before induction forms. Here the first half is built in: heads [0, heads) of
+// decoder layer 0 attend to the previous position from step 0, so the second half has a signal
+// at once. Everything stays in DeepSeek-V3's shapes (no bias terms exist, so the constant the
+// positional query and key need comes from one embedding column):
+//   - embedding column 0 is c times the other columns' RMS, and every row has the same RMS over
+//     the other columns, so after the input RMSNorm coordinate 0 is the same x0 (about c) for
+//     every token;
+//   - k_pe (shared by all heads) reads only that coordinate on the top kPairs rotary pairs:
+//     k_f = (kappa, 0) at every position;
+//   - the q LoRA path carries the constant in latent coordinate 0 (q_a row 0 reads only column
+//     0, and large enough to dominate the latent's norm), and the chosen heads' rope queries
+//     read only it: q_f = kappa * R(-theta_f) (1, 0).
+// The score of query i against key j is then kappa^2 * cs^2 * sum_f cos(theta_f * (i - j - 1)),
+// largest at j = i - 1; kappa is set so that the softmax logit of j = i - 1 beats every other
+// distance below max_position_embeddings by kLogitMargin. The heads' content queries (q_nope)
+// start at zero; values and outputs stay random; training is free to change all of it.
+constexpr int64_t kPairs = 6;           // highest-frequency rotary pairs the heads use
+constexpr double kEmbedConstant = 4.0;  // embedding column 0, in units of the other columns' RMS
+constexpr double kLogitMargin = 6.0;    // softmax logit of the previous position over any other
+
+struct PrevTokenPlan {
+  bool active = false;
+  int64_t heads = 0, pairs = 0;
+  double x0 = 0;       // coordinate 0 after the input RMSNorm
+  double qan0 = 0;     // q latent coordinate 0 after q_a_layernorm
+  double qa_gain = 0;  // q_a[0][0]
+  double kappa = 0;    // |q_f| = |k_f| per pair
+  std::vector<double> theta;
+};
+
+PrevTokenPlan plan_prev_token_heads(const ModelConfig& c, int64_t heads) {
+  PrevTokenPlan plan;
+  if (heads <= 0) return plan;
+  plan.active = true;
+  plan.heads = heads;
+  const RopeParams rp = rope_params(c);
+  const std::vector<double> inv = rope_inv_freq(rp);
+  plan.pairs = std::min<int64_t>(kPairs, static_cast<int64_t>(inv.size()));
+  plan.theta.assign(inv.begin(), inv.begin() + plan.pairs);
+  const double hd = static_cast<double>(c.hidden_size);
+  plan.x0 = kEmbedConstant / std::sqrt((hd - 1.0 + kEmbedConstant * kEmbedConstant) / hd);
+  // q_a's other rows give latent coordinates of variance ~1 (fan-in init over unit-RMS inputs),
+  // whose sum of squares varies from token to token. Row 0 gives sqrt(kQLatentShare * r), so that
+  // it holds most of the latent's norm and q_a_layernorm leaves it nearly the same for every
+  // token: coordinate 0 is then about sqrt(kQLatentShare * r^2 / ((1 + kQLatentShare) r - 1)).
+  if (c.q_lora_rank > 0) {
+    constexpr double kQLatentShare = 8.0;
+    const double r = static_cast<double>(c.q_lora_rank);
+    plan.qa_gain = std::sqrt(kQLatentShare * r) / plan.x0;
+    plan.qan0 = std::sqrt(kQLatentShare * r) / std::sqrt(((1.0 + kQLatentShare) * r - 1.0) / r);
+  }
+  // Margin of distance 1 over every other distance, per unit of kappa^2 * cs^2 * pairs.
+  const int64_t span = std::max<int64_t>(c.max_position_embeddings, 2);
+  double margin = 1e300;
+  for (int64_t dist = 0; dist < span; ++dist) {
+    if (dist == 1) continue;
+    double m = 0;
+    for (double th : plan.theta) m += 1.0 - std::cos(th * static_cast<double>(dist - 1));
+    margin = std::min(margin, m);
+  }
+  const double cs = rope_cos_sin_scale(rp);
+  plan.kappa = std::sqrt(kLogitMargin / (c.softmax_scale() * cs * cs * std::max(margin, 1e-3)));
+  return plan;
+}
+
 template <class T>
-void init_params(ModelParams<T>& params, uint64_t seed, double init_scale) {
+void seed_prev_token_heads(const PrevTokenPlan& plan, const ModelConfig& c, const ParamInfo& p, T* dst) {
+  if (!plan.active) return;
+  const int64_t hd = c.hidden_size;
+  if (p.role == WeightRole::kEmbedding) {
+    // Every row gets the same RMS over columns 1.., so that x0 is the same for every token: the
+    // positional scores are large (kappa^2 * pairs), and a few percent of per-token variation in
+    // the key's or query's length would already outweigh the margin between neighbours.
+    const int64_t rows = p.shape[0];
+    double sq = 0;
+    for (int64_t i = 0; i < p.size; ++i) {
+      if (i % hd != 0) sq += static_cast<double>(dst[i]) * static_cast<double>(dst[i]);
+    }
+    const double rms = std::sqrt(sq / static_cast<double>(rows * (hd - 1)));
+    for (int64_t v = 0; v < rows; ++v) {
+      T* e = dst + v * hd;
+      double row_sq = 0;
+      for (int64_t k = 1; k < hd; ++k) row_sq += static_cast<double>(e[k]) * static_cast<double>(e[k]);
+      const double s = row_sq > 0 ? rms / std::sqrt(row_sq / static_cast<double>(hd - 1)) : 1.0;
+      for (int64_t k = 1; k < hd; ++k) e[k] = static_cast<T>(static_cast<double>(e[k]) * s);
+      e[0] = static_cast<T>(kEmbedConstant * rms);
+    }
+    return;
+  }
+  if (p.layer != 0) return;
+  const int64_t nope = c.qk_nope_head_dim, qk = nope + c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t cols = p.shape.back();
+  auto row = [&](int64_t r) { return dst + r * cols; };
+  const auto set_row = [&](int64_t r, double v0) {
+    std::fill(row(r), row(r) + cols, T(0));
+    row(r)[0] = static_cast<T>(v0);
+  };
+  switch (p.weight) {
+    case LayerWeight::kKvA:
+      for (int64_t f = 0; f < plan.pairs; ++f) {
+        set_row(kvl + 2 * f, plan.kappa / plan.x0);
+        set_row(kvl + 2 * f + 1, 0.0);
+      }
+      break;
+    case LayerWeight::kQA:
+      set_row(0, plan.qa_gain);
+      break;
+    case LayerWeight::kQB:
+    case LayerWeight::kQ: {
+      // q_b reads the q latent (coordinate 0 ~ qan0); q_proj without LoRA reads x (x0).
+      const double in0 = p.weight == LayerWeight::kQB ? plan.qan0 : plan.x0;
+      for (int64_t h = 0; h < std::min<int64_t>(plan.heads, c.num_attention_heads); ++h) {
+        const int64_t base = h * qk + nope;
+        for (int64_t r = h * qk; r < base; ++r) set_row(r, 0.0);  // no content term at first
+        for (int64_t f = 0; f < c.qk_rope_head_dim / 2; ++f) {
+          if (f < plan.pairs) {
+            set_row(base + 2 * f, plan.kappa * std::cos(plan.theta[f]) / in0);
+            set_row(base + 2 * f + 1, -plan.kappa * std::sin(plan.theta[f]) / in0);
+          } else {
+            set_row(base + 2 * f, 0.0);
+            set_row(base + 2 * f + 1, 0.0);
+          }
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void init_params(ModelParams<T>& params, uint64_t seed, double init_scale, int prev_token_heads) {
+  const ModelConfig& config = params.layout->config;
+  const PrevTokenPlan plan = plan_prev_token_heads(config, prev_token_heads);
   for (const ParamInfo& p : params.layout->params) {
     T* dst = params.at(p);
     Rng rng(seed ^ hash_name(p.name));
@@ -195,6 +352,7 @@ void init_params(ModelParams<T>& params, uint64_t seed, double init_scale) {
         for (int64_t i = 0; i < p.size; ++i) dst[i] = static_cast<T>(a * (2.0 * rng.uniform() - 1.0));
       }
     }
+    seed_prev_token_heads(plan, config, p, dst);
   }
 }
 
@@ -220,7 +378,7 @@ Status load_params_hf(ModelParams<float>& params, const std::string& path) {
 
 template ModelParams<float> make_params<float>(const ParamLayout&);
 template ModelParams<double> make_params<double>(const ParamLayout&);
-template void init_params<float>(ModelParams<float>&, uint64_t, double);
-template void init_params<double>(ModelParams<double>&, uint64_t, double);
+template void init_params<float>(ModelParams<float>&, uint64_t, double, int);
+template void init_params<double>(ModelParams<double>&, uint64_t, double, int);
 
 }  // namespace fathom::train

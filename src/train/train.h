@@ -29,6 +29,7 @@
 
 #include "base/status.h"
 #include "formats/model_config.h"
+#include "kernels/rope.h"
 #include "model/names.h"
 
 namespace fathom::train {
@@ -109,8 +110,13 @@ ModelParams<T> make_params(const ParamLayout& layout);
 // Random initialisation, deterministic for a seed: projections U(-a, a) with a = sqrt(3/fan_in)
 // (scaled by init_scale), embeddings U(-1, 1) (a tied embedding, which is also the head: like a
 // projection), norms 1, routing bias 0.
+// prev_token_heads > 0 builds that many previous-token heads into decoder layer 0 (see
+// params.cpp and docs/train.md): a head that attends to position i - 1 from step 0, the first
+// half of the induction circuit a model needs to copy from its context.
 template <class T>
-void init_params(ModelParams<T>& params, uint64_t seed, double init_scale = 1.0);
+void init_params(ModelParams<T>& params, uint64_t seed, double init_scale = 1.0, int prev_token_heads = 0);
+// The rotary parameters of a model configuration (RoPE or YaRN).
+RopeParams rope_params(const ModelConfig& c);
 // Reads every parameter from a Hugging Face checkpoint (f32/bf16/f16 tensors; errors name the
 // tensor whose shape or dtype does not fit). `path` is a directory or .safetensors file.
 Status load_params_hf(ModelParams<float>& params, const std::string& path);

@@ -15,6 +15,8 @@
 #include "train/curve.h"
 #include "train/trainer.h"
 
+#include "train/gemm.h"
+
 namespace fathom::train {
 namespace {
 
@@ -45,6 +47,14 @@ Status validate_options(const ModelConfig& c, const TrainerOptions& o) {
   if (o.adamw.weight_decay < 0) return invalid_argument("train: --weight-decay must not be negative");
   if (o.eval_every < 0 || o.save_every < 0)
     return invalid_argument("train: --eval-every / --save-every must be >= 0");
+  if (o.prev_token_heads < 0 || o.prev_token_heads > c.num_attention_heads) {
+    return invalid_argument("train: --prev-token-heads {} must be between 0 and the {} attention heads",
+                            o.prev_token_heads, c.num_attention_heads);
+  }
+  if (o.prev_token_heads > 0 && c.qk_rope_head_dim < 2) {
+    return invalid_argument("train: --prev-token-heads needs rotary dimensions (qk_rope_head_dim is {})",
+                            c.qk_rope_head_dim);
+  }
   return {};
 }
 
@@ -59,7 +69,8 @@ nlohmann::json run_identity(const TrainerOptions& o, const TokenData& d) {
           {"balance_alpha", o.model.balance_alpha},
           {"bias_update_speed", o.model.bias_update_speed},
           {"vocab_size", d.meta.vocab_size},
-          {"n_train_tokens", d.meta.n_train_tokens}};
+          {"n_train_tokens", d.meta.n_train_tokens},
+          {"gemm_precision", o.bf16_gemms ? "bf16" : "f32"}};
 }
 
 struct LogRow {
@@ -126,9 +137,10 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
     local = make_local_step_computer(o.model);
     computer = local.get();
   }
+  set_gemm_precision(o.bf16_gemms ? GemmPrecision::kBf16 : GemmPrecision::kF32);
   ModelParams<float> params = make_params<float>(layout);
   ModelParams<float> grads = make_params<float>(layout);
-  init_params(params, o.seed);
+  init_params(params, o.seed, 1.0, o.prev_token_heads);
   if (!o.resume && !o.init_from.empty()) {
     const Status loaded = load_params_hf(params, o.init_from);
     if (!loaded.ok()) return Status(loaded.code(), fmt::format("train: --init-from: {}", loaded.message()));
@@ -147,6 +159,8 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
           "train: checkpoint {} was trained on different data than {} (token hash differs)", ckpt,
           o.data_dir);
     }
+    if (!st.run.contains("gemm_precision"))
+      st.run["gemm_precision"] = "f32";  // checkpoints before the option
     for (auto it = identity.begin(); it != identity.end(); ++it) {
       if (!st.run.contains(it.key()) || st.run[it.key()] != it.value()) {
         return invalid_argument(
@@ -172,6 +186,7 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
                         {"data", std::filesystem::absolute(o.data_dir).string()},
                         {"identity", identity},
                         {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from)},
+                        {"prev_token_heads", o.prev_token_heads},
                         {"lr", o.schedule.lr},
                         {"min_lr", o.schedule.min_lr},
                         {"warmup", o.schedule.warmup},

@@ -176,6 +176,12 @@ struct TrainerOptions {
   // A Hugging Face checkpoint (directory or .safetensors) whose weights replace the random
   // initialisation of a new run; the optimizer starts fresh. Ignored on --resume.
   std::string init_from;
+  // Heads of decoder layer 0 built as previous-token heads at initialisation (init_params);
+  // 0: a plain random initialisation. Ignored on --resume and with init_from.
+  int prev_token_heads = 0;
+  // The GEMMs in bf16 where AMX runs them (gemm.h, GemmPrecision::kBf16); fp32 master weights,
+  // optimizer and every other op either way. Part of the run's identity: a resume keeps it.
+  bool bf16_gemms = false;
   double time_budget_s = 0;  // 0: none; else stop cleanly (and checkpoint) when spent
   double peak_gflops = 0;    // for MFU in the log (0: not reported)
   bool progress = true;

@@ -353,6 +353,10 @@ TEST_F(TrainRun, BadDataAndShapesAreRejectedWithClearErrors) {
   TrainerOptions o = small_run(d, tmp("long"), 2);
   o.seq_len = 20000;
   EXPECT_NE(train_model(c, o).status().to_string().find("max_position_embeddings"), std::string::npos);
+  o = small_run(d, tmp("prev"), 2);
+  o.prev_token_heads = c.num_attention_heads + 1;
+  EXPECT_NE(train_model(c, o).status().to_string().find("--prev-token-heads"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(tmp("prev") + "/checkpoint.bin"));
 }
 
 TEST_F(TrainRun, LossMasksTurnUnscoredTargetsIntoIgnoredOnes) {

@@ -26,8 +26,8 @@ using pipeline::testing::temp_path;
 
 // A DeepSeek-V3-shaped config at toy widths: q LoRA, YaRN, one dense layer then MoE (noaux_tc
 // groups, a shared expert), one MTP module. `layers` decoder layers.
-std::string write_config(int layers) {
-  const nlohmann::json c = {{"architectures", {"DeepseekV3ForCausalLM"}},
+std::string write_config(int layers, int width = 0) {
+  nlohmann::json c = {{"architectures", {"DeepseekV3ForCausalLM"}},
                             {"model_type", "deepseek_v3"},
                             {"vocab_size", 96},
                             {"hidden_size", 32},
@@ -64,7 +64,14 @@ std::string write_config(int layers) {
                               {"beta_slow", 1},
                               {"mscale", 1.0},
                               {"mscale_all_dim", 1.0}}}};
-  const std::string path = temp_path("config_" + std::to_string(layers) + ".json");
+  if (width > 0) {  // every summed dimension a multiple of 64 (the shapes AMX tiles take)
+    for (const char* k : {"hidden_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank", "kv_lora_rank"})
+      c[k] = width;
+    c["num_attention_heads"] = c["num_key_value_heads"] = width / 16;
+    c["qk_nope_head_dim"] = c["qk_rope_head_dim"] = c["v_head_dim"] = 8;
+  }
+  const std::string path =
+      temp_path("config_" + std::to_string(layers) + (width > 0 ? "_w" + std::to_string(width) : "") + ".json");
   std::ofstream(path) << c.dump();
   return path;
 }
@@ -211,15 +218,23 @@ class TrainMpiTrainer : public ::testing::Test {
     std::ofstream out(path, std::ios::binary);
     for (uint32_t x : v) out.write(reinterpret_cast<const char*>(&x), 4);  // little-endian host
   }
+  // `fathom cpu --json`: whether matmuls run on AMX tiles in this process, and so on.
+  static nlohmann::json fathom_cpu_json() {
+    const std::string bin = std::getenv("FATHOM_BIN") ? std::getenv("FATHOM_BIN") : "fathom";
+    const std::string out = temp_path("cpu.json");
+    if (std::system((bin + " cpu --json > " + out).c_str()) != 0) return nlohmann::json::object();
+    std::ifstream in(out);
+    return nlohmann::json::parse(in, nullptr, false);
+  }
   // Runs `[mpirun -np N] fathom train ...`; returns the exit code, stderr in *err.
-  int train(int ranks, const std::string& args, std::string* err) const {
+  int train(int ranks, const std::string& args, std::string* err, const std::string& config = "") const {
     const std::string bin = std::getenv("FATHOM_BIN") ? std::getenv("FATHOM_BIN") : "fathom";
     const std::string err_path = dir_ + "/stderr";
     const std::string launcher =
         ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
     const std::string cmd = "OMPI_MCA_mpi_yield_when_idle=1 timeout 240 " + launcher + bin +
                             " train --threads 1 --no-peak --data " + dir_ + "/data --config " +
-                            write_config(2) +
+                            (config.empty() ? write_config(2) : config) +
                             " --mtp --seq-len 16 --batch 2 --micro-batches 4 --warmup 2 --eval-every 3 " +
                             args + " >/dev/null 2>" + err_path;
     const int status = std::system(cmd.c_str());
@@ -257,6 +272,32 @@ TEST_F(TrainMpiTrainer, PipelinedRunGivesTheSingleProcessLosses) {
     }
     EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + run + "/checkpoint.bin"));
   }
+}
+
+// --bf16: with the GEMMs on AMX tiles in bf16 (a width-64 model, 64-token micro-batches), a
+// pipelined run still gives the single-process run's first-step losses bit for bit: the bf16
+// products do not depend on the thread count or the process. On a CPU with AMX the losses also
+// differ from the fp32 run's (the bf16 path ran).
+TEST_F(TrainMpiTrainer, Bf16GemmsKeepPipelinedAndSingleProcessLossesIdentical) {
+  std::string err;
+  const std::string config = write_config(2, 64);
+  const std::string common = "--steps 2 --batch 4 ";
+  ASSERT_EQ(train(0, common + "--out " + dir_ + "/f32", &err, config), 0) << err;
+  ASSERT_EQ(train(0, common + "--bf16 --out " + dir_ + "/one", &err, config), 0) << err;
+  ASSERT_EQ(train(2, common + "--bf16 --schedule 1f1b --out " + dir_ + "/pp", &err, config), 0) << err;
+  const auto f32 = log("f32"), want = log("one"), got = log("pp");
+  ASSERT_EQ(want.size(), 2u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].at("loss").get<double>(), want[0].at("loss").get<double>());
+  EXPECT_EQ(got[0].at("ce").get<double>(), want[0].at("ce").get<double>());
+  if (fathom_cpu_json().value("amx_matmul", false)) {
+    EXPECT_NE(want[0].at("loss").get<double>(), f32[0].at("loss").get<double>()) << "the bf16 path did not run";
+  } else {
+    EXPECT_EQ(want[0].at("loss").get<double>(), f32[0].at("loss").get<double>()) << "no AMX: fp32 throughout";
+  }
+  // A resume must keep the precision the run started with.
+  EXPECT_EQ(train(0, "--steps 3 --batch 4 --resume --out " + dir_ + "/one", &err, config), 1);
+  EXPECT_NE(err.find("gemm_precision"), std::string::npos) << err;
 }
 
 TEST_F(TrainMpiTrainer, ShapesThatDoNotSplitFailOnEveryRank) {
