@@ -77,7 +77,8 @@ int run_serve(int argc, char** argv) {
   args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
   bool no_tool_constraint = false;
   args.flag("--no-tool-name-constraint", &no_tool_constraint,
-            "let tool calls name any tool (default: names are decoded constrained to the offered tools)");
+            "decode tool calls unconstrained (default: a call names an offered tool and its arguments are "
+            "one JSON object with that tool's parameter keys)");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
   std::string test_outputs;
   args.option("--test-outputs", &test_outputs,

@@ -396,7 +396,8 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
   }
   if (s.req.json_object) (void)s.json.feed(tok.token_bytes(r.token).value_or(""));
   if (!s.req.tool_names.empty())
-    s.tool_name.feed(r.token, tok.token_bytes(r.token).value_or(""), tok.chat_tokens().tool_sep);
+    s.tool_name.feed(r.token, tok.token_bytes(r.token).value_or(""), tok.chat_tokens().tool_sep,
+                     s.req.tool_names, s.req.tool_schemas);
   std::string piece;
   if (std::find(s.req.keep_special_tokens.begin(), s.req.keep_special_tokens.end(), r.token) !=
       s.req.keep_special_tokens.end()) {
@@ -544,6 +545,7 @@ bool Engine::Impl::step() {
   report.n_seqs = static_cast<int64_t>(batch.size());
   // Sample, verify drafts, emit; collect the MTP rows (positions whose next token is known).
   const int64_t V = model->config().vocab_size, H = model->config().hidden_size;
+  const int32_t call_end = model->tokenizer().chat_tokens().tool_call_end;
   int64_t logit_row = 0;
   struct MtpRows {
     Seq* s;
@@ -577,7 +579,19 @@ bool Engine::Impl::step() {
         json_vocab->mask(s->json, mask.data());
         allowed = mask.data();
       }
-      if (s->tool_name.active && tool_vocab->mask(s->tool_name.prefix, s->req.tool_names, tool_mask.data())) {
+      bool tool_constrained = false;
+      if (s->tool_name.active) {
+        tool_constrained = tool_vocab->mask(s->tool_name.prefix, s->req.tool_names, tool_mask.data());
+      } else if (s->tool_name.args_active) {
+        json_vocab->mask(s->tool_name.args, tool_mask.data());
+        // Never a dead end: should no token continue the arguments, the step is left free.
+        tool_constrained = std::any_of(tool_mask.begin(), tool_mask.end(), [](uint64_t w) { return w != 0; });
+      } else if (s->tool_name.end_pending && call_end != kNoToken && call_end < V) {
+        std::fill(tool_mask.begin(), tool_mask.end(), 0);  // the call is complete: close it
+        tool_mask[static_cast<size_t>(call_end) / 64] |= uint64_t{1} << (call_end % 64);
+        tool_constrained = true;
+      }
+      if (tool_constrained) {
         if (allowed != nullptr) {
           for (size_t w = 0; w < tool_mask.size(); ++w) tool_mask[w] &= allowed[w];
         }

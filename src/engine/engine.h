@@ -58,6 +58,9 @@ struct GenerationRequest {
   // The offered tools' names: when non-empty, a name the model writes after <｜tool▁sep｜> must be
   // one of them (engine/tool_name_constraint.h).
   std::vector<std::string> tool_names;
+  // Parallel to tool_names (or empty): each tool's argument keys (ToolArgsSchema::from_json_schema);
+  // a call's arguments are one JSON object whose keys, when the schema has any, are constrained.
+  std::vector<ToolArgsSchema> tool_schemas;
   // Special tokens whose text is kept in the output (the tool-call markers, so the server can
   // parse calls); every other special token is dropped from the text.
   std::vector<int32_t> keep_special_tokens;

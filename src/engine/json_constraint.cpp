@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -242,20 +244,155 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
   return v;
 }
 
-void JsonVocab::walk(uint32_t node, const JsonMatcher& state, uint64_t* allowed) const {
+// The token(s) ending at a node: t >= 0 one token, t <= -2 an index into extra_tokens_.
+void JsonVocab::allow(int32_t t, uint64_t* allowed) const {
+  if (t >= 0) {
+    allowed[t / 64] |= uint64_t{1} << (t % 64);
+  } else if (t <= -2) {
+    for (int32_t id : extra_tokens_[static_cast<size_t>(-2 - t)])
+      allowed[id / 64] |= uint64_t{1} << (id % 64);
+  }
+}
+
+template <class Matcher>
+void JsonVocab::walk(uint32_t node, const Matcher& state, uint64_t* allowed) const {
   const Node& nd = nodes_[node];
   for (uint16_t k = 0; k < nd.n_children; ++k) {
     const auto& [byte, child] = children_[nd.first_child + k];
-    JsonMatcher next = state;
+    Matcher next = state;
     if (!next.feed(byte)) continue;
-    const int32_t t = nodes_[child].token;
-    if (t >= 0) {
-      allowed[t / 64] |= uint64_t{1} << (t % 64);
-    } else if (t <= -2) {
-      for (int32_t id : extra_tokens_[static_cast<size_t>(-2 - t)]) allowed[id / 64] |= uint64_t{1} << (id % 64);
-    }
+    allow(nodes_[child].token, allowed);
     walk(child, next, allowed);
   }
+}
+
+void JsonVocab::mask(const ToolArgsMatcher& state, uint64_t* allowed) const {
+  std::fill(allowed, allowed + mask_words(), 0);
+  walk(0, state, allowed);
+}
+
+std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view parameters_json) {
+  const nlohmann::json j = nlohmann::json::parse(parameters_json, nullptr, false);
+  if (!j.is_object() || !j.contains("properties") || !j["properties"].is_object() || j["properties"].empty())
+    return std::nullopt;
+  ToolArgsSchema s;
+  for (auto it = j["properties"].begin(); it != j["properties"].end(); ++it) {
+    const std::string& k = it.key();
+    if (k.empty() || s.keys.size() == kMaxKeys) return std::nullopt;
+    for (char c : k) {
+      if (c == '"' || c == '\\' || static_cast<uint8_t>(c) < 0x20) return std::nullopt;  // needs escaping
+    }
+    s.keys.push_back(k);
+    char type = 0;
+    if (it.value().is_object() && it.value().contains("type") && it.value()["type"].is_string()) {
+      const std::string t = it.value()["type"].get<std::string>();
+      type = t == "string"                     ? 's'
+             : t == "number" || t == "integer" ? 'n'
+             : t == "boolean"                  ? 'b'
+             : t == "object"                   ? 'o'
+             : t == "array"                    ? 'a'
+                                               : 0;
+    }
+    s.types.push_back(type);
+  }
+  if (j.contains("required") && j["required"].is_array()) {
+    for (const auto& r : j["required"]) {
+      if (!r.is_string()) continue;
+      const auto it = std::find(s.keys.begin(), s.keys.end(), r.get<std::string>());
+      if (it != s.keys.end()) s.required |= uint64_t{1} << (it - s.keys.begin());
+    }
+  }
+  return s;
+}
+
+bool ToolArgsMatcher::keys_left() const {
+  const uint64_t all = schema_->keys.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << schema_->keys.size()) - 1;
+  return (all & ~used_) != 0;
+}
+
+bool ToolArgsMatcher::key_byte(uint8_t byte) {
+  if (byte == '"') {  // the key ends: it must be a whole unused key
+    for (size_t i = 0; i < schema_->keys.size(); ++i) {
+      if (!(used_ >> i & 1) && schema_->keys[i] == key_) {
+        used_ |= uint64_t{1} << i;
+        last_key_ = static_cast<int8_t>(i);
+        return true;
+      }
+    }
+    return false;
+  }
+  if (byte == '\\') return false;  // schema keys never need escapes
+  key_ += static_cast<char>(byte);
+  for (size_t i = 0; i < schema_->keys.size(); ++i) {
+    if (!(used_ >> i & 1) && schema_->keys[i].compare(0, key_.size(), key_) == 0) return true;
+  }
+  return false;
+}
+
+bool ToolArgsMatcher::feed(uint8_t byte) {
+  if (fence_ < kFence.size()) {
+    if (byte != static_cast<uint8_t>(kFence[fence_])) return false;
+    ++fence_;
+    return true;
+  }
+  if (json_.complete()) {
+    if (close_ == kClose.size() || byte != static_cast<uint8_t>(kClose[close_])) return false;
+    ++close_;
+    return true;
+  }
+  if (!json_.in_string()) {
+    if (is_ws(byte)) {
+      if (spaces_ == kMaxSpaceRun || !json_.feed(byte)) return false;
+      ++spaces_;
+      return true;
+    }
+    spaces_ = 0;
+  }
+  if (schema_ != nullptr && json_.depth() == 1) {
+    // The top-level object's structure: keys, commas and the closing brace.
+    if (json_.in_key_string()) {
+      const ToolArgsMatcher saved = *this;
+      if (!key_byte(byte) || !json_.feed(byte)) {
+        *this = saved;
+        return false;
+      }
+      return true;
+    }
+    // What the byte does is read off the automaton after it (a number ends only at the byte
+    // after it, so "1," and "1}" close a value and act as a comma or brace in one step).
+    if (json_.expects_value() && last_key_ >= 0 && !is_ws(byte)) {  // the value's first byte
+      const char type = schema_->types[static_cast<size_t>(last_key_)];
+      const bool ok = type == 0 || (type == 's' && byte == '"') || (type == 'o' && byte == '{') ||
+                      (type == 'a' && byte == '[') || (type == 'b' && (byte == 't' || byte == 'f')) ||
+                      (type == 'n' && (byte == '-' || is_digit(byte)));
+      if (!ok) return false;
+    }
+    const bool key_start = json_.expects_key() && byte == '"';
+    JsonMatcher next = json_;
+    if (!next.feed(byte)) return false;
+    if (key_start) {
+      if (!keys_left()) return false;
+      key_.clear();
+    } else if (byte == ',' && next.expects_key() && !keys_left()) {
+      return false;
+    } else if (byte == '}' && next.complete() && !can_close()) {
+      return false;
+    }
+    json_ = next;
+    return true;
+  }
+  return json_.feed(byte);
+}
+
+bool ToolArgsMatcher::feed(std::string_view bytes) {
+  ToolArgsMatcher saved = *this;
+  for (char c : bytes) {
+    if (!feed(static_cast<uint8_t>(c))) {
+      *this = saved;
+      return false;
+    }
+  }
+  return true;
 }
 
 void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const {

@@ -12,6 +12,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -28,6 +30,19 @@ class JsonMatcher {
   bool feed(uint8_t byte);
   bool feed(std::string_view bytes);  // all or nothing
   bool complete() const { return state_ == State::kDone; }
+  // Where the top-level object is (for ToolArgsMatcher's key rules): the nesting depth, whether the
+  // next non-space byte starts a key or closes the object (after '{' or ','), whether a key string
+  // is being read, whether a value has just ended.
+  int depth() const { return depth_; }
+  bool expects_key() const { return state_ == State::kKeyOrEnd || state_ == State::kKey; }
+  bool in_key_string() const {
+    return in_key_ && (state_ == State::kString || state_ == State::kEscape || state_ == State::kUnicode);
+  }
+  bool after_value() const { return state_ == State::kAfterValue; }
+  bool expects_value() const { return state_ == State::kValue; }
+  bool in_string() const {
+    return state_ == State::kString || state_ == State::kEscape || state_ == State::kUnicode;
+  }
 
  private:
   enum class State : uint8_t {
@@ -46,6 +61,57 @@ class JsonMatcher {
   std::array<uint8_t, kMaxDepth> stack_{};  // '{' or '['
 };
 
+// The arguments of a tool call as DeepSeek-V3's chat template writes them after the name's "\n":
+// the fence "```json\n", one JSON object (JsonMatcher's grammar), the closing "\n```"; then
+// nothing more (the <｜tool▁call▁end｜> control token that follows is the engine's to require).
+// Constraining a call's arguments this way makes every call the model writes parse, as
+// llama.cpp's grammar-constrained tool calls and vLLM's guided decoding do.
+//
+// With a schema (the tool's "parameters": an object schema with "properties"), the top-level
+// object's keys are constrained too: each key is one of the properties, none twice, and the object
+// closes only once every "required" property is present. Values are any JSON (their types are not
+// checked). A schema whose property names need escaping in JSON is not used (keys stay free).
+struct ToolArgsSchema {
+  std::vector<std::string> keys;  // at most kMaxKeys
+  // Per key, the JSON type its "type" names when that is one simple type: 's' string, 'n'
+  // number/integer, 'b' boolean, 'o' object, 'a' array; 0: any value. The value's first byte is
+  // held to it (a string starts with '"', a number with '-' or a digit, ...).
+  std::vector<char> types;
+  uint64_t required = 0;  // bit i: keys[i] is required
+  static constexpr size_t kMaxKeys = 64;
+  // From a JSON schema as sent in a request's tool definition; nullopt when it does not describe
+  // an object with usable properties (then the arguments are any object).
+  static std::optional<ToolArgsSchema> from_json_schema(std::string_view parameters_json);
+};
+
+class ToolArgsMatcher {
+ public:
+  static constexpr std::string_view kFence = "```json\n";
+  static constexpr std::string_view kClose = "\n```";
+  // Whitespace bytes in a row outside strings: enough for indented JSON, not for a model that
+  // would rather pad than write the next token (llama.cpp's JSON grammars cap it the same way).
+  static constexpr uint8_t kMaxSpaceRun = 16;
+  ToolArgsMatcher() = default;
+  explicit ToolArgsMatcher(const ToolArgsSchema* schema) : schema_(schema) {}  // not owned; may be null
+  bool feed(uint8_t byte);            // false (state unchanged) if the byte cannot continue
+  bool feed(std::string_view bytes);  // all or nothing
+  bool object_closed() const { return fence_ == kFence.size() && json_.complete(); }
+  bool complete() const { return object_closed() && close_ == kClose.size(); }  // no byte can follow
+
+ private:
+  bool key_byte(uint8_t byte);  // a byte of a top-level key; false if no unused key continues
+  bool can_close() const { return (schema_->required & ~used_) == 0; }
+  bool keys_left() const;
+  const ToolArgsSchema* schema_ = nullptr;
+  uint8_t fence_ = 0;     // bytes of kFence seen
+  uint8_t close_ = 0;     // bytes of kClose seen
+  uint8_t spaces_ = 0;    // whitespace bytes in a row outside strings
+  uint64_t used_ = 0;     // keys already written
+  int8_t last_key_ = -1;  // the key whose value comes next
+  std::string key_;       // the top-level key being written
+  JsonMatcher json_;
+};
+
 // The vocabulary as a byte trie, built once per tokenizer.
 class JsonVocab {
  public:
@@ -53,6 +119,10 @@ class JsonVocab {
   // Sets bit t of allowed[] (vocab_size bits, zeroed here) for every token whose bytes the
   // matcher accepts from `state`; EOS when the object is complete.
   void mask(const JsonMatcher& state, uint64_t* allowed) const;
+  // The same for a tool call's arguments: every token whose bytes ToolArgsMatcher accepts.
+  // Control and special tokens (EOS, <｜tool▁call▁end｜>) are never allowed: once complete() the
+  // caller allows <｜tool▁call▁end｜> alone.
+  void mask(const ToolArgsMatcher& state, uint64_t* allowed) const;
   int32_t vocab_size() const { return vocab_size_; }
   size_t mask_words() const { return static_cast<size_t>((vocab_size_ + 63) / 64); }
 
@@ -62,7 +132,9 @@ class JsonVocab {
     uint16_t n_children = 0;
     int32_t token = -1;        // a token ending here (or -1)
   };
-  void walk(uint32_t node, const JsonMatcher& state, uint64_t* allowed) const;
+  template <class Matcher>
+  void walk(uint32_t node, const Matcher& state, uint64_t* allowed) const;
+  void allow(int32_t token, uint64_t* allowed) const;
   std::vector<Node> nodes_;
   std::vector<std::pair<uint8_t, uint32_t>> children_;  // (byte, node)
   std::vector<std::vector<int32_t>> extra_tokens_;      // tokens sharing a node (same bytes)

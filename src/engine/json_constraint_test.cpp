@@ -7,6 +7,7 @@
 
 #include "base/rng.h"
 #include "engine/json_constraint.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fathom {
 namespace {
@@ -80,6 +81,137 @@ TEST(JsonMatcher, LimitsNesting) {
   for (int i = 0; i < JsonMatcher::kMaxDepth - 1; ++i) deep += "[";
   EXPECT_TRUE(accepts(deep));
   EXPECT_FALSE(accepts(deep + "["));
+}
+
+// A tool call's arguments: the fence, one object, the closing fence, nothing after; a malformed
+// object (the default model's `{"path":"x":"V"}`) is refused at its first bad byte.
+TEST(ToolArgsMatcher, AcceptsTheFenceOneObjectAndTheClosingFence) {
+  ToolArgsMatcher m;
+  EXPECT_FALSE(m.feed(std::string_view("``json")));  // all or nothing: nothing taken
+  EXPECT_TRUE(m.feed(std::string_view("```json\n{\"city\": \"Oslo\", \"days\": [1, 2]")));
+  EXPECT_FALSE(m.complete());
+  EXPECT_FALSE(m.feed(std::string_view(":")));
+  EXPECT_TRUE(m.feed(std::string_view("}")));
+  EXPECT_TRUE(m.object_closed());
+  EXPECT_FALSE(m.complete());
+  EXPECT_FALSE(m.feed(std::string_view("<｜")));  // the closing fence comes first
+  EXPECT_TRUE(m.feed(std::string_view("\n```")));
+  EXPECT_TRUE(m.complete());
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('\n')));  // then nothing: <｜tool▁call▁end｜> is a control token
+  ToolArgsMatcher bad;
+  EXPECT_TRUE(bad.feed(std::string_view("```json\n{\"path\":\"tmp driving directions\"")));
+  EXPECT_FALSE(bad.feed(static_cast<uint8_t>(':')));
+  EXPECT_TRUE(bad.feed(static_cast<uint8_t>(',')));
+  ToolArgsMatcher spaces;  // whitespace outside strings: up to kMaxSpaceRun in a row
+  ASSERT_TRUE(spaces.feed(std::string_view("```json\n{\"a\":")));
+  EXPECT_TRUE(spaces.feed(std::string(ToolArgsMatcher::kMaxSpaceRun, ' ')));
+  EXPECT_FALSE(spaces.feed(static_cast<uint8_t>('\n')));
+  EXPECT_TRUE(spaces.feed(std::string_view("\"" + std::string(40, ' ') + "\",\n  \"b\": 1}")));
+  ToolArgsMatcher array;  // the arguments are an object, not any value
+  EXPECT_TRUE(array.feed(std::string_view("```json\n")));
+  EXPECT_FALSE(array.feed(static_cast<uint8_t>('[')));
+}
+
+// With the tool's schema: keys are the schema's properties, none twice; the object closes only
+// with every required one; values (nested objects included) are free; from_json_schema reads
+// properties and required and declines schemas it cannot use.
+TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
+  const auto schema = ToolArgsSchema::from_json_schema(
+      R"({"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"},"mode":{},)"
+      R"("n":{"type":"integer"},"opts":{"type":"object"}},)"
+      R"("required":["path","content","nope"]})");
+  ASSERT_TRUE(schema.has_value());
+  EXPECT_EQ(schema->keys,
+            (std::vector<std::string>{"content", "mode", "n", "opts", "path"}));  // the parser's order
+  EXPECT_EQ(schema->types, (std::vector<char>{'s', 0, 'n', 'o', 's'}));
+  EXPECT_EQ(schema->required, 0b10001u);
+  ToolArgsMatcher m(&*schema);
+  ASSERT_TRUE(m.feed(std::string_view("```json\n{ ")));
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('}')));  // path and content are required
+  EXPECT_TRUE(m.feed(std::string_view("\"pa")));
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('x')));  // no key starts "pax"
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('"')));  // "pa" is not a key
+  EXPECT_TRUE(m.feed(std::string_view("th\": ")));
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('1')));  // "path" is a string
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('t')));
+  EXPECT_TRUE(m.feed(std::string_view("\"a/b{\\\"free\\\": [1]}\"")));  // string contents are free
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('}')));
+  EXPECT_TRUE(m.feed(std::string_view(", \"")));
+  EXPECT_FALSE(m.feed(std::string_view("path")));  // not twice
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('\\')));
+  EXPECT_TRUE(m.feed(std::string_view("content\":\"x\"")));
+  EXPECT_TRUE(m.feed(std::string_view(",\"mode\":-7")));
+  EXPECT_TRUE(m.feed(std::string_view(", \"opts\": ")));
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('[')));
+  EXPECT_TRUE(
+      m.feed(std::string_view("{\"x\": \"y\", \"path\": [true]}, \"n\": ")));  // nested values are free
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>('"')));
+  EXPECT_TRUE(m.feed(std::string_view("42")));
+  EXPECT_FALSE(m.feed(static_cast<uint8_t>(',')));  // every key is used (the comma also ends the number)
+  EXPECT_TRUE(m.feed(std::string_view(" }")));
+  EXPECT_TRUE(m.object_closed());
+  const auto q_only = ToolArgsSchema::from_json_schema(R"({"properties":{"q":{}}})");
+  ASSERT_TRUE(q_only.has_value());
+  ToolArgsMatcher early(&*schema);  // a number's end and the close in one byte: still needs "required"
+  ASSERT_TRUE(early.feed(std::string_view("```json\n{\"path\":\"p\", \"n\":12")));
+  EXPECT_FALSE(early.feed(static_cast<uint8_t>('}')));
+  ToolArgsMatcher optional(&*q_only);
+  EXPECT_TRUE(optional.feed(std::string_view("```json\n{}")));
+  EXPECT_TRUE(optional.object_closed());
+  EXPECT_FALSE(ToolArgsSchema::from_json_schema(R"({"properties":{"a\"b":{}}})").has_value());
+  EXPECT_FALSE(ToolArgsSchema::from_json_schema(R"({"properties":{}})").has_value());
+  EXPECT_FALSE(ToolArgsSchema::from_json_schema("not json").has_value());
+  EXPECT_FALSE(ToolArgsSchema::from_json_schema(R"({"type":"object"})").has_value());
+}
+
+// The mask from a ToolArgsMatcher state allows exactly the tokens whose bytes the matcher takes,
+// checked over the whole built-in vocabulary at states in the fence, in keys, values, nesting,
+// numbers and the closing fence, with and without a schema.
+TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
+  auto tok = Tokenizer::from_builtin();
+  ASSERT_TRUE(tok.ok());
+  const int32_t V = (*tok)->vocab_size();
+  auto vocab = JsonVocab::create(**tok, V);
+  ASSERT_TRUE(vocab.ok());
+  std::vector<uint64_t> allowed((*vocab)->mask_words());
+  const auto schema = ToolArgsSchema::from_json_schema(
+      R"({"properties":{"path":{},"pattern":{},"a":{},"n":{},"content":{},"s":{"type":"string"}},)"
+      R"("required":["path"]})");
+  ASSERT_TRUE(schema.has_value());
+  for (const ToolArgsSchema* sc : {static_cast<const ToolArgsSchema*>(nullptr), &*schema})
+    for (const char* prefix :
+         {"", "``", "```json\n", "```json\n{", "```json\n{\"pa",
+          "```json\n{\"path\":", "```json\n{\"path\": \"a b", "```json\n{\"a\": {\"b\": [1, 2",
+          "```json\n{\"n\": -1.5e", "```json\n{\"path\": \"x\"", "```json\n{\"path\": 1, \"",
+          "```json\n{\"a\": 1", "```json\n{\"path\": 1}", "```json\n{\"path\": 1}\n`",
+          "```json\n{\"path\":               ", "```json\n{\"path\": 12", "```json\n{\"s\":",
+          "```json\n{\"s\": ", "```json\n{\"path\": 1, \"content\": 2, \"n\": 3, \"a\": 4, \"pattern\": 5"}) {
+      ToolArgsMatcher state(sc);
+      ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
+      (*vocab)->mask(state, allowed.data());
+      int n_allowed = 0;
+      for (int32_t id = 0; id < V; ++id) {
+        const bool got = (allowed[static_cast<size_t>(id) / 64] >> (id % 64)) & 1;
+        n_allowed += got;
+        const TokenType type = (*tok)->token_type(id);
+        const auto bytes = (*tok)->token_bytes(id);
+        bool want = false;
+        if (type != TokenType::kControl && type != TokenType::kUnused && !(*tok)->is_special(id) &&
+            bytes.ok() && !bytes->empty()) {
+          ToolArgsMatcher m = state;
+          want = true;
+          for (char c : *bytes) {
+            if (!m.feed(static_cast<uint8_t>(c))) {
+              want = false;
+              break;
+            }
+          }
+        }
+        ASSERT_EQ(got, want) << "prefix '" << prefix << "', token " << id << " '" << bytes.value_or("?")
+                             << "'" << (sc != nullptr ? " (schema)" : "");
+      }
+      EXPECT_GT(n_allowed, 0) << prefix;
+    }
 }
 
 }  // namespace

@@ -10,15 +10,48 @@
 
 namespace fathom {
 
-void ToolNameState::feed(int32_t token, std::string_view bytes, int32_t sep) {
+void ToolNameState::feed(int32_t token, std::string_view bytes, int32_t sep,
+                         std::span<const std::string> names, std::span<const ToolArgsSchema> schemas) {
+  end_pending = false;
   if (token == sep) {
     active = true;
     prefix.clear();
+    args_active = false;
+    return;
+  }
+  if (args_active) {
+    feed_args(bytes);
     return;
   }
   if (!active) return;
-  prefix += bytes;
-  if (prefix.find('\n') != std::string::npos) active = false;
+  const size_t nl = bytes.find('\n');
+  if (nl == std::string_view::npos) {
+    prefix += bytes;
+    return;
+  }
+  prefix += bytes.substr(0, nl + 1);
+  active = false;
+  args_active = true;
+  const ToolArgsSchema* schema = nullptr;
+  const std::string_view name = std::string_view(prefix).substr(0, prefix.find('\n'));
+  for (size_t i = 0; i < names.size() && i < schemas.size(); ++i) {
+    if (names[i] == name && !schemas[i].keys.empty()) schema = &schemas[i];
+  }
+  args = ToolArgsMatcher(schema);
+  feed_args(bytes.substr(nl + 1));
+}
+
+void ToolNameState::feed_args(std::string_view bytes) {
+  for (char c : bytes) {
+    if (!args.feed(static_cast<uint8_t>(c))) {
+      args_active = false;
+      return;
+    }
+  }
+  if (args.complete()) {
+    args_active = false;
+    end_pending = true;
+  }
 }
 
 std::unique_ptr<ToolNameVocab> ToolNameVocab::create(const Tokenizer& tok, int32_t vocab_size) {
@@ -49,8 +82,11 @@ bool ToolNameVocab::mask(std::string_view prefix, std::span<const std::string> n
     const std::string& b = bytes_[id];
     if (b.empty()) continue;
     for (const std::string& r : rest) {
-      // b continues the name, or completes it (its "\n" included) and goes on past it.
-      const bool ok = b.size() <= r.size() ? r.compare(0, b.size(), b) == 0 : b.compare(0, r.size(), r) == 0;
+      // b continues the name, or completes it (its "\n" included) and goes on past it into the
+      // arguments ("\n```"), where what follows must start them as the template does.
+      const bool ok = b.size() <= r.size() ? r.compare(0, b.size(), b) == 0
+                                           : b.compare(0, r.size(), r) == 0 &&
+                                                 ToolArgsMatcher().feed(std::string_view(b).substr(r.size()));
       if (ok) {
         allowed[id / 64] |= uint64_t{1} << (id % 64);
         any = true;

@@ -84,16 +84,26 @@ TEST(ToolNameConstraint, MaskAllowsExactlyTheContinuations) {
     bool want = false;
     for (const auto& n : names) {
       const std::string r = n.substr(4) + "\n";
-      want = want || (b->size() <= r.size() ? r.compare(0, b->size(), *b) == 0 : b->compare(0, r.size(), r) == 0);
+      want =
+          want || (b->size() <= r.size() ? r.compare(0, b->size(), *b) == 0
+                                         : b->compare(0, r.size(), r) == 0 &&
+                                               ToolArgsMatcher().feed(std::string_view(*b).substr(r.size())));
     }
     EXPECT_EQ(bit(allowed, id), want) << "token '" << *b << "'";
   }
-  // A token that completes the name and runs past its "\n" is allowed; one that runs on in the name is not.
+  // A token that completes the name and runs past its "\n" into the fence is allowed; one that runs on in the
+  // name is not.
   auto nl = tok.encode("\n```");
   ASSERT_TRUE(nl.ok());
   ASSERT_TRUE(vocab->mask("get_time", names, allowed.data()));
   if (nl->size() == 1) {
     EXPECT_TRUE(bit(allowed, (*nl)[0]));
+  }
+  // ... but not into something other than the arguments' fence ("\n{" skips it).
+  auto nl_brace = tok.encode("\n{");
+  ASSERT_TRUE(nl_brace.ok());
+  if (nl_brace->size() == 1) {
+    EXPECT_FALSE(bit(allowed, (*nl_brace)[0]));
   }
   const auto s_tok = tok.token_to_id("s");
   ASSERT_TRUE(s_tok.has_value());
@@ -115,6 +125,48 @@ TEST(ToolNameConstraint, MaskAllowsExactlyTheContinuations) {
   st.feed(sep, "", sep);
   EXPECT_TRUE(st.active);
   EXPECT_EQ(st.prefix, "");
+}
+
+// After the name's "\n" the arguments are constrained until their closing fence, the rest of the
+// token that ends the name included, then the call end is pending; a byte that leaves the
+// template's format ends the constraint.
+TEST(ToolNameConstraint, TheArgumentsFollowTheNameUntilTheirObjectCloses) {
+  const int32_t sep = 99;
+  ToolNameState st;
+  st.feed(sep, "", sep);
+  st.feed(5, "get_time\n``", sep);
+  EXPECT_FALSE(st.active);
+  EXPECT_EQ(st.prefix, "get_time\n");
+  EXPECT_TRUE(st.args_active);
+  st.feed(6, "`json\n{\"tz\"", sep);
+  EXPECT_TRUE(st.args_active);
+  st.feed(7, ": \"UTC\"}\n```", sep);  // the object and the closing fence: the call end is next
+  EXPECT_FALSE(st.args_active);
+  EXPECT_TRUE(st.end_pending);
+  st.feed(8, "", sep);  // <｜tool▁call▁end｜>
+  EXPECT_FALSE(st.args_active);
+  EXPECT_FALSE(st.end_pending);
+  // Not the template's fence: nothing is constrained.
+  st.feed(sep, "", sep);
+  st.feed(5, "get_time\n", sep);
+  EXPECT_TRUE(st.args_active);
+  st.feed(6, "<call>", sep);
+  EXPECT_FALSE(st.args_active);
+  // A new call starts over.
+  st.feed(sep, "", sep);
+  EXPECT_TRUE(st.active);
+  EXPECT_FALSE(st.args_active);
+  // The called tool's schema constrains the keys: get_time takes "tz" only.
+  const std::vector<std::string> names = {"get_date", "get_time"};
+  const std::vector<ToolArgsSchema> schemas = {
+      ToolArgsSchema{}, *ToolArgsSchema::from_json_schema(R"({"properties":{"tz":{}}})")};
+  st.feed(5, "get_time\n```json\n{\"", sep, names, schemas);
+  EXPECT_TRUE(st.args_active);
+  EXPECT_FALSE(st.args.feed(std::string_view("city")));
+  EXPECT_TRUE(st.args.feed(std::string_view("tz\"")));
+  st.feed(sep, "", sep, names, schemas);
+  st.feed(5, "get_date\n```json\n{\"", sep, names, schemas);  // no schema: any key
+  EXPECT_TRUE(st.args.feed(std::string_view("city\"")));
 }
 
 }  // namespace

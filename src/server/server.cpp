@@ -145,7 +145,11 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
     gen.keep_special_tokens = tool_marker_ids;
     if (tool_outputs_begin != kNoToken) gen.stop_tokens.push_back(tool_outputs_begin);
     if (options.constrain_tool_names) {
-      for (const ToolDefinition& t : cr.tools) gen.tool_names.push_back(t.name);
+      for (const ToolDefinition& t : cr.tools) {
+        gen.tool_names.push_back(t.name);
+        gen.tool_schemas.push_back(
+            ToolArgsSchema::from_json_schema(t.parameters_json).value_or(ToolArgsSchema{}));
+      }
     }
   }
   if (options.enable_test_hooks) {

@@ -51,6 +51,49 @@ def score(url, requests):
     return right / len(requests), offered / len(requests), any_call / len(requests)
 
 
+# Requests against file tools shaped like the files plugin's (`fathom agent` with
+# `fathom mcp files`): before the arguments were constrained the default model often wrote
+# arguments that do not parse (`{"path":"tmp driving directions":"V"}`), and the server returned
+# such a reply as text; then arguments that parse but miss the schema ({"city": "Dublin"} for a
+# search).
+def file_tool(name, props, required):
+    return {"type": "function", "function": {
+        "name": name, "description": f"{name.split('__')[1].replace('_', ' ')} in the workspace",
+        "parameters": {"type": "object", "properties": {p: {"type": "string"} for p in props},
+                       "required": required}}}
+
+
+FILE_TOOLS = [file_tool("files__read_file", ["path"], ["path"]),
+              file_tool("files__list_directory", ["path"], []),
+              file_tool("files__search", ["pattern", "path"], ["pattern"]),
+              file_tool("files__write_file", ["path", "content"], ["path", "content"])]
+FILE_REQUESTS = ["List the files", "Read the file notes.txt and tell me what it says",
+                 "Show me what is in notes.txt", "Write 'hello world' to greeting.txt",
+                 "Find the word milk in my files", "What is in the docs folder?"]
+
+
+def file_calls(url):
+    """Every reply to a file request is a call to an offered tool whose arguments fit its schema:
+    an object with only the declared keys, every required one, strings where strings are declared
+    (the server constrains a call's arguments to the tool's schema, docs/engine.md)."""
+    names = {t["function"]["name"] for t in FILE_TOOLS}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FILE_TOOLS}
+    for text in FILE_REQUESTS:
+        choice = chat(url, {"messages": [{"role": "user", "content": text}], "tools": FILE_TOOLS})
+        calls = choice["message"].get("tool_calls") or []
+        print(f"{text!r} -> {[(c['function']['name'], c['function']['arguments']) for c in calls]}"
+              f" {choice['message'].get('content')!r}")
+        assert calls, (text, choice)
+        for c in calls:
+            assert c["function"]["name"] in names, c
+            args = json.loads(c["function"]["arguments"])
+            assert isinstance(args, dict), c
+            schema = schemas[c["function"]["name"]]
+            assert set(args) <= set(schema["properties"]), (args, schema)
+            assert set(schema["required"]) <= set(args), (args, schema)
+            assert all(isinstance(v, str) for v in args.values()), args
+
+
 def main():
     names = build_names()
     r = random.Random(20261130)
@@ -61,6 +104,7 @@ def main():
         print(f"constrained: {right:.2%} right, {offered:.2%} call an offered tool, {calls:.2%} call")
         assert offered >= 0.95, offered  # every call names an offered tool (a few replies may not call)
         assert right >= MIN_RIGHT, (right, MIN_RIGHT)
+        file_calls(url)
         hello = chat(url, {"messages": [{"role": "user", "content": "Hello! Who are you?"}]})
         print("hello ->", hello["message"]["content"])
         assert hello["finish_reason"] == "stop" and hello["message"]["content"].strip(), hello
