@@ -241,6 +241,30 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
       if (b[i].tokens.size() > 1) v->extra_tokens_.push_back(b[i].tokens);
     }
   }
+  // String-safe tokens: fed to a matcher inside a plain string, every byte is taken and the string
+  // is still plain after the last. A child is always created after its parent, so one pass from
+  // the last node to the first carries "some unsafe token below" up to the root.
+  v->string_safe_.assign(v->mask_words(), 0);
+  std::vector<bool> unsafe_here(b.size(), false);
+  JsonMatcher in_string;
+  (void)in_string.feed(std::string_view("{\"k\":\""));
+  for (size_t i = 0; i < b.size(); ++i) {
+    for (int32_t id : b[i].tokens) {
+      JsonMatcher m = in_string;
+      const auto bytes = tok.token_bytes(id);
+      if (bytes.ok() && m.feed(*bytes) && m.in_plain_string()) {
+        v->string_safe_[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+      } else {
+        unsafe_here[i] = true;
+      }
+    }
+  }
+  v->unsafe_below_.assign(b.size(), 0);
+  for (size_t i = b.size(); i-- > 0;) {
+    bool unsafe = unsafe_here[i];
+    for (const auto& kid : b[i].kids) unsafe = unsafe || v->unsafe_below_[kid.second] != 0;
+    v->unsafe_below_[i] = unsafe ? 1 : 0;
+  }
   return v;
 }
 
@@ -255,20 +279,31 @@ void JsonVocab::allow(int32_t t, uint64_t* allowed) const {
 }
 
 template <class Matcher>
-void JsonVocab::walk(uint32_t node, const Matcher& state, uint64_t* allowed) const {
+void JsonVocab::walk(uint32_t node, const Matcher& state, uint64_t* allowed, bool skip_safe) const {
   const Node& nd = nodes_[node];
   for (uint16_t k = 0; k < nd.n_children; ++k) {
     const auto& [byte, child] = children_[nd.first_child + k];
+    if (skip_safe && unsafe_below_[child] == 0) continue;  // all string-safe: in the mask already
     Matcher next = state;
     if (!next.feed(byte)) continue;
     allow(nodes_[child].token, allowed);
-    walk(child, next, allowed);
+    walk(child, next, allowed, skip_safe);
   }
 }
 
+template <class Matcher>
+void JsonVocab::mask_impl(const Matcher& state, uint64_t* allowed) const {
+  const bool plain = state.in_plain_string();
+  if (plain) {
+    std::copy(string_safe_.begin(), string_safe_.end(), allowed);
+  } else {
+    std::fill(allowed, allowed + mask_words(), 0);
+  }
+  walk(0, state, allowed, plain);
+}
+
 void JsonVocab::mask(const ToolArgsMatcher& state, uint64_t* allowed) const {
-  std::fill(allowed, allowed + mask_words(), 0);
-  walk(0, state, allowed);
+  mask_impl(state, allowed);
 }
 
 std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view parameters_json) {
@@ -401,7 +436,7 @@ void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const {
     if (eos_ >= 0 && eos_ < vocab_size_) allowed[eos_ / 64] |= uint64_t{1} << (eos_ % 64);
     return;
   }
-  walk(0, state, allowed);
+  mask_impl(state, allowed);
 }
 
 }  // namespace fathom

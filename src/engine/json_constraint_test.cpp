@@ -115,6 +115,38 @@ TEST(ToolArgsMatcher, AcceptsTheFenceOneObjectAndTheClosingFence) {
   EXPECT_FALSE(array.feed(static_cast<uint8_t>('[')));
 }
 
+// JSON mode's mask (JsonMatcher) allows exactly the tokens the automaton takes, inside strings
+// (where a precomputed mask of string-safe tokens stands in for most of the walk), at keys,
+// numbers and after a complete object (EOS alone).
+TEST(JsonVocab, MaskAllowsExactlyTheTokensTheAutomatonTakes) {
+  auto tok = Tokenizer::from_builtin();
+  ASSERT_TRUE(tok.ok());
+  const int32_t V = (*tok)->vocab_size();
+  auto vocab = JsonVocab::create(**tok, V);
+  ASSERT_TRUE(vocab.ok());
+  std::vector<uint64_t> allowed((*vocab)->mask_words());
+  for (const char* prefix :
+       {"", "{\"a", "{\"a\": \"x y", "{\"a\": \"\\", "{\"a\": \"\xc3", "{\"a\": 1", "{\"a\": [tr", "{}"}) {
+    JsonMatcher state;
+    ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
+    (*vocab)->mask(state, allowed.data());
+    for (int32_t id = 0; id < V; ++id) {
+      const bool got = (allowed[static_cast<size_t>(id) / 64] >> (id % 64)) & 1;
+      bool want;
+      if (state.complete()) {
+        want = id == (*tok)->eos_id();
+      } else {
+        const auto bytes = (*tok)->token_bytes(id);
+        const TokenType type = (*tok)->token_type(id);
+        JsonMatcher m = state;
+        want = type != TokenType::kControl && type != TokenType::kUnused && !(*tok)->is_special(id) &&
+               bytes.ok() && !bytes->empty() && m.feed(*bytes);
+      }
+      ASSERT_EQ(got, want) << "prefix '" << prefix << "', token " << id;
+    }
+  }
+}
+
 // With the tool's schema: keys are the schema's properties, none twice; the object closes only
 // with every required one; values (nested objects included) are free; from_json_schema reads
 // properties and required and declines schemas it cannot use.
