@@ -115,31 +115,40 @@ TEST(ToolArgsMatcher, AcceptsTheFenceOneObjectAndTheClosingFence) {
   EXPECT_FALSE(array.feed(static_cast<uint8_t>('[')));
 }
 
+// The built-in tokenizer and its JSON trie, built once.
+const std::pair<std::unique_ptr<Tokenizer>, std::unique_ptr<JsonVocab>>& builtin_vocab() {
+  static const auto v = [] {
+    auto tok = Tokenizer::from_builtin();
+    EXPECT_TRUE(tok.ok());
+    auto vocab = JsonVocab::create(**tok, (*tok)->vocab_size());
+    EXPECT_TRUE(vocab.ok());
+    return std::make_pair(std::move(*tok), std::move(*vocab));
+  }();
+  return v;
+}
+
 // JSON mode's mask (JsonMatcher) allows exactly the tokens the automaton takes, inside strings
 // (where a precomputed mask of string-safe tokens stands in for most of the walk), at keys,
 // numbers and after a complete object (EOS alone).
 TEST(JsonVocab, MaskAllowsExactlyTheTokensTheAutomatonTakes) {
-  auto tok = Tokenizer::from_builtin();
-  ASSERT_TRUE(tok.ok());
-  const int32_t V = (*tok)->vocab_size();
-  auto vocab = JsonVocab::create(**tok, V);
-  ASSERT_TRUE(vocab.ok());
-  std::vector<uint64_t> allowed((*vocab)->mask_words());
+  const auto& [tok, vocab] = builtin_vocab();
+  const int32_t V = tok->vocab_size();
+  std::vector<uint64_t> allowed(vocab->mask_words());
   for (const char* prefix :
        {"", "{\"a", "{\"a\": \"x y", "{\"a\": \"\\", "{\"a\": \"\xc3", "{\"a\": 1", "{\"a\": [tr", "{}"}) {
     JsonMatcher state;
     ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
-    (*vocab)->mask(state, allowed.data());
+    vocab->mask(state, allowed.data());
     for (int32_t id = 0; id < V; ++id) {
       const bool got = (allowed[static_cast<size_t>(id) / 64] >> (id % 64)) & 1;
       bool want;
       if (state.complete()) {
-        want = id == (*tok)->eos_id();
+        want = id == tok->eos_id();
       } else {
-        const auto bytes = (*tok)->token_bytes(id);
-        const TokenType type = (*tok)->token_type(id);
+        const auto bytes = tok->token_bytes(id);
+        const TokenType type = tok->token_type(id);
         JsonMatcher m = state;
-        want = type != TokenType::kControl && type != TokenType::kUnused && !(*tok)->is_special(id) &&
+        want = type != TokenType::kControl && type != TokenType::kUnused && !tok->is_special(id) &&
                bytes.ok() && !bytes->empty() && m.feed(*bytes);
       }
       ASSERT_EQ(got, want) << "prefix '" << prefix << "', token " << id;
@@ -203,12 +212,9 @@ TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
 // checked over the whole built-in vocabulary at states in the fence, in keys, values, nesting,
 // numbers and the closing fence, with and without a schema.
 TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
-  auto tok = Tokenizer::from_builtin();
-  ASSERT_TRUE(tok.ok());
-  const int32_t V = (*tok)->vocab_size();
-  auto vocab = JsonVocab::create(**tok, V);
-  ASSERT_TRUE(vocab.ok());
-  std::vector<uint64_t> allowed((*vocab)->mask_words());
+  const auto& [tok, vocab] = builtin_vocab();
+  const int32_t V = tok->vocab_size();
+  std::vector<uint64_t> allowed(vocab->mask_words());
   const auto schema = ToolArgsSchema::from_json_schema(
       R"({"properties":{"path":{},"pattern":{},"a":{},"n":{},"content":{},"s":{"type":"string"}},)"
       R"("required":["path"]})");
@@ -224,7 +230,7 @@ TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
       ToolArgsMatcher state(sc);
       ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
       const auto t0 = std::chrono::steady_clock::now();
-      (*vocab)->mask(state, allowed.data());
+      vocab->mask(state, allowed.data());
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (std::string_view(prefix) == "```json\n{\"path\": \"a b")
@@ -233,11 +239,11 @@ TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
       for (int32_t id = 0; id < V; ++id) {
         const bool got = (allowed[static_cast<size_t>(id) / 64] >> (id % 64)) & 1;
         n_allowed += got;
-        const TokenType type = (*tok)->token_type(id);
-        const auto bytes = (*tok)->token_bytes(id);
+        const TokenType type = tok->token_type(id);
+        const auto bytes = tok->token_bytes(id);
         bool want = false;
-        if (type != TokenType::kControl && type != TokenType::kUnused && !(*tok)->is_special(id) &&
-            bytes.ok() && !bytes->empty()) {
+        if (type != TokenType::kControl && type != TokenType::kUnused && !tok->is_special(id) && bytes.ok() &&
+            !bytes->empty()) {
           ToolArgsMatcher m = state;
           want = true;
           for (char c : *bytes) {

@@ -14,6 +14,21 @@
 #include "model/model_impl.h"
 
 namespace fathom {
+
+RopeParams rope_params(const ModelConfig& c) {
+  RopeParams rp;
+  rp.dim = c.qk_rope_head_dim;
+  rp.theta = c.rope_theta;
+  if (c.rope_scaling.yarn) {
+    rp.factor = c.rope_scaling.factor;
+    rp.original_max_positions = c.rope_scaling.original_max_position_embeddings;
+    rp.beta_fast = c.rope_scaling.beta_fast;
+    rp.beta_slow = c.rope_scaling.beta_slow;
+    rp.mscale = c.rope_scaling.mscale;
+    rp.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  }
+  return rp;
+}
 namespace {
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const ModelWeights& w) {
@@ -146,18 +161,7 @@ Result<std::unique_ptr<Model>> Model::load_local(const std::string& path, const 
     return invalid_argument("max context {} exceeds the model's max_position_embeddings {}", impl->max_context,
                             c.max_position_embeddings);
   }
-  RopeParams rp;
-  rp.dim = c.qk_rope_head_dim;
-  rp.theta = c.rope_theta;
-  if (c.rope_scaling.yarn) {
-    rp.factor = c.rope_scaling.factor;
-    rp.original_max_positions = c.rope_scaling.original_max_position_embeddings;
-    rp.beta_fast = c.rope_scaling.beta_fast;
-    rp.beta_slow = c.rope_scaling.beta_slow;
-    rp.mscale = c.rope_scaling.mscale;
-    rp.mscale_all_dim = c.rope_scaling.mscale_all_dim;
-  }
-  impl->rope = std::make_unique<RopeTable>(TRY(RopeTable::create(rp, impl->max_context)));
+  impl->rope = std::make_unique<RopeTable>(TRY(RopeTable::create(rope_params(c), impl->max_context)));
   impl->softmax_scale = static_cast<float>(c.softmax_scale());
   if (c.n_routed_experts > 0) {
     impl->gate = gate_params(c, nullptr);

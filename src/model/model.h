@@ -26,12 +26,17 @@
 
 #include "base/status.h"
 #include "formats/model_config.h"
+#include "kernels/rope.h"
 #include "kvcache/kvcache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
 
 struct ModelWeights;
+
+// The rotary parameters of a configuration: RoPE, or YaRN from its rope_scaling (the runtime's
+// tables and the trainer's use the same).
+RopeParams rope_params(const ModelConfig& c);
 
 struct ModelOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per forward call (all sequences)

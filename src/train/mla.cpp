@@ -12,6 +12,7 @@
 #include "base/thread_pool.h"
 #include "kernels/ops.h"
 #include "kernels/rope.h"
+#include "model/model.h"
 #include "tensor/convert.h"
 #include "train/blas.h"
 #include "train/train_impl.h"

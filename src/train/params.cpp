@@ -8,6 +8,7 @@
 #include "base/rng.h"
 #include "formats/safetensors.h"
 #include "kernels/rope.h"
+#include "model/model.h"
 #include "tensor/convert.h"
 #include "train/train.h"
 
@@ -168,21 +169,6 @@ ModelParams<T> make_params(const ParamLayout& layout) {
   }
   if (c.tie_word_embeddings && m.head == nullptr) m.head = m.embed;
   return m;
-}
-
-RopeParams rope_params(const ModelConfig& c) {
-  RopeParams rp;
-  rp.dim = c.qk_rope_head_dim;
-  rp.theta = c.rope_theta;
-  if (c.rope_scaling.yarn) {
-    rp.factor = c.rope_scaling.factor;
-    rp.original_max_positions = c.rope_scaling.original_max_position_embeddings;
-    rp.beta_fast = c.rope_scaling.beta_fast;
-    rp.beta_slow = c.rope_scaling.beta_slow;
-    rp.mscale = c.rope_scaling.mscale;
-    rp.mscale_all_dim = c.rope_scaling.mscale_all_dim;
-  }
-  return rp;
 }
 
 namespace {

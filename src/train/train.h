@@ -29,7 +29,6 @@
 
 #include "base/status.h"
 #include "formats/model_config.h"
-#include "kernels/rope.h"
 #include "model/names.h"
 
 namespace fathom::train {
@@ -115,8 +114,7 @@ ModelParams<T> make_params(const ParamLayout& layout);
 // half of the induction circuit a model needs to copy from its context.
 template <class T>
 void init_params(ModelParams<T>& params, uint64_t seed, double init_scale = 1.0, int prev_token_heads = 0);
-// The rotary parameters of a model configuration (RoPE or YaRN).
-RopeParams rope_params(const ModelConfig& c);
+
 // Reads every parameter from a Hugging Face checkpoint (f32/bf16/f16 tensors; errors name the
 // tensor whose shape or dtype does not fit). `path` is a directory or .safetensors file.
 Status load_params_hf(ModelParams<float>& params, const std::string& path);
