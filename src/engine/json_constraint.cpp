@@ -293,7 +293,7 @@ void JsonVocab::walk(uint32_t node, const Matcher& state, uint64_t* allowed, boo
 
 template <class Matcher>
 void JsonVocab::mask_impl(const Matcher& state, uint64_t* allowed) const {
-  const bool plain = state.in_plain_string();
+  const bool plain = fast_strings_ && state.in_plain_string();
   if (plain) {
     std::copy(string_safe_.begin(), string_safe_.end(), allowed);
   } else {

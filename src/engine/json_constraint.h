@@ -132,6 +132,9 @@ class JsonVocab {
   void mask(const ToolArgsMatcher& state, uint64_t* allowed) const;
   int32_t vocab_size() const { return vocab_size_; }
   size_t mask_words() const { return static_cast<size_t>((vocab_size_ + 63) / 64); }
+  // Benchmarks only (`fathom bench grammar`): false walks the whole trie inside strings too, as
+  // before the string-safe mask, to time both in one run. Not for a vocabulary in use.
+  void set_string_fast_path(bool on) { fast_strings_ = on; }
 
  private:
   struct Node {
@@ -152,6 +155,7 @@ class JsonVocab {
   // a precomputed mask, and the walk only enters nodes with some other token at or below them.
   std::vector<uint64_t> string_safe_;  // mask words
   std::vector<uint8_t> unsafe_below_;  // per node
+  bool fast_strings_ = true;
   int32_t vocab_size_ = 0;
   int32_t eos_ = -1;
 };
