@@ -81,6 +81,7 @@ struct Engine::Impl {
   std::unique_ptr<JsonVocab> json_vocab;
   std::unique_ptr<ToolNameVocab> tool_vocab;
   std::vector<uint64_t> tool_mask;
+  std::vector<float> healed;  // one row's logits after JsonVocab::heal_string_close
   std::thread thread;
   std::mutex mu;
   std::condition_variable cv;
@@ -580,10 +581,12 @@ bool Engine::Impl::step() {
         allowed = mask.data();
       }
       bool tool_constrained = false;
+      bool heal_quote = false;  // inside a call's string argument: JsonVocab::heal_string_close
       if (s->tool_name.active) {
         tool_constrained = tool_vocab->mask(s->tool_name.prefix, s->req.tool_names, tool_mask.data());
       } else if (s->tool_name.args_active) {
         json_vocab->mask(s->tool_name.args, tool_mask.data());
+        heal_quote = s->tool_name.args.in_string();
         // Never a dead end: should no token continue the arguments, the step is left free.
         tool_constrained = std::any_of(tool_mask.begin(), tool_mask.end(), [](uint64_t w) { return w != 0; });
       } else if (s->tool_name.end_pending && call_end != kNoToken && call_end < V) {
@@ -596,6 +599,11 @@ bool Engine::Impl::step() {
           for (size_t w = 0; w < tool_mask.size(); ++w) tool_mask[w] &= allowed[w];
         }
         allowed = tool_mask.data();
+      }
+      if (heal_quote && tool_constrained) {
+        healed.assign(lg, lg + V);
+        json_vocab->heal_string_close(allowed, healed.data());
+        lg = healed.data();
       }
       Result<SampleResult> sr = SampleResult{};
       if (!s->req.forced_output.empty()) {

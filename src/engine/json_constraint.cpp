@@ -2,6 +2,7 @@
 #include "engine/json_constraint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -259,6 +260,17 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
       }
     }
   }
+  for (int32_t id = 0; id < n; ++id) {
+    const TokenType type = tok.token_type(id);
+    if (type == TokenType::kControl || type == TokenType::kUnused || tok.is_special(id)) continue;
+    const auto bytes = tok.token_bytes(id);
+    if (!bytes.ok() || bytes->empty() || (*bytes)[0] != '"') continue;
+    if (bytes->size() == 1) {
+      v->quote_ = id;
+    } else {
+      v->quote_merges_.push_back(id);
+    }
+  }
   v->unsafe_below_.assign(b.size(), 0);
   for (size_t i = b.size(); i-- > 0;) {
     bool unsafe = unsafe_here[i];
@@ -300,6 +312,24 @@ void JsonVocab::mask_impl(const Matcher& state, uint64_t* allowed) const {
     std::fill(allowed, allowed + mask_words(), 0);
   }
   walk(0, state, allowed, plain);
+}
+
+void JsonVocab::heal_string_close(const uint64_t* allowed, float* logits) const {
+  const auto is_allowed = [&](int32_t t) { return ((allowed[t / 64] >> (t % 64)) & 1) != 0; };
+  if (quote_ < 0 || !is_allowed(quote_)) return;
+  float mx = logits[quote_];
+  for (int32_t t : quote_merges_) {
+    if (!is_allowed(t)) mx = std::max(mx, logits[t]);
+  }
+  if (!std::isfinite(mx)) return;
+  double sum = std::exp(static_cast<double>(logits[quote_]) - mx);
+  bool any = false;
+  for (int32_t t : quote_merges_) {
+    if (is_allowed(t) || !std::isfinite(logits[t])) continue;
+    sum += std::exp(static_cast<double>(logits[t]) - mx);
+    any = true;
+  }
+  if (any) logits[quote_] = static_cast<float>(mx + std::log(sum));
 }
 
 void JsonVocab::mask(const ToolArgsMatcher& state, uint64_t* allowed) const {

@@ -99,6 +99,7 @@ class ToolArgsMatcher {
   bool feed(std::string_view bytes);  // all or nothing
   bool object_closed() const { return fence_ == kFence.size() && json_.complete(); }
   bool complete() const { return object_closed() && close_ == kClose.size(); }  // no byte can follow
+  bool in_string() const { return fence_ == kFence.size() && !json_.complete() && json_.in_string(); }
   // Inside a string whose bytes are free (a value, or a key no schema constrains).
   bool in_plain_string() const {
     return fence_ == kFence.size() && json_.in_plain_string() &&
@@ -132,6 +133,13 @@ class JsonVocab {
   void mask(const ToolArgsMatcher& state, uint64_t* allowed) const;
   int32_t vocab_size() const { return vocab_size_; }
   size_t mask_words() const { return static_cast<size_t>((vocab_size_ + 63) / 64); }
+  // Token boundaries at a string's end: inside a string, a refused token that begins with the
+  // closing quote (`"}` while a required key is missing, `",` when no key is left) still says the
+  // model wants the string closed, which the quote token alone does; its probability moves to
+  // that token (logits rewritten in place: quote = log(exp(quote) + sum of the refused ones)).
+  // Only the closing quote: moving every refused token's mass to its longest allowed prefix
+  // (" word" to " ") made the default model pad with spaces (docs/engine.md).
+  void heal_string_close(const uint64_t* allowed, float* logits) const;
   // Benchmarks only (`fathom bench grammar`): false walks the whole trie inside strings too, as
   // before the string-safe mask, to time both in one run. Not for a vocabulary in use.
   void set_string_fast_path(bool on) { fast_strings_ = on; }
@@ -156,6 +164,8 @@ class JsonVocab {
   std::vector<uint64_t> string_safe_;  // mask words
   std::vector<uint8_t> unsafe_below_;  // per node
   bool fast_strings_ = true;
+  int32_t quote_ = -1;                 // the token whose bytes are exactly `"`
+  std::vector<int32_t> quote_merges_;  // tokens of 2+ bytes that begin with `"`
   int32_t vocab_size_ = 0;
   int32_t eos_ = -1;
 };

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -154,6 +156,44 @@ TEST(JsonVocab, MaskAllowsExactlyTheTokensTheAutomatonTakes) {
       ASSERT_EQ(got, want) << "prefix '" << prefix << "', token " << id;
     }
   }
+}
+
+// heal_string_close(): inside a string, refused tokens that begin with the closing quote (`"}`,
+// `",`) give their probability to the quote token alone; nothing else moves, and nothing moves
+// when the quote itself is refused.
+TEST(JsonVocab, ARefusedClosingMergeCountsForTheQuote) {
+  const auto& [tok, vocab] = builtin_vocab();
+  const int32_t V = tok->vocab_size();
+  const auto quote = tok->token_to_id("\"");
+  const auto x = tok->token_to_id("x");
+  ASSERT_TRUE(quote.has_value() && x.has_value());
+  std::vector<int32_t> merges;  // tokens of 2+ bytes that begin with a quote
+  for (int32_t id = 0; id < V; ++id) {
+    const auto b = tok->token_bytes(id);
+    if (b.ok() && b->size() >= 2 && (*b)[0] == '"' && !tok->is_special(id)) merges.push_back(id);
+  }
+  ASSERT_GE(merges.size(), 2u);
+  std::vector<float> logits(static_cast<size_t>(V), -std::numeric_limits<float>::infinity());
+  logits[static_cast<size_t>(*quote)] = 0.0f;
+  logits[static_cast<size_t>(*x)] = 3.0f;
+  logits[static_cast<size_t>(merges[0])] = 5.0f;      // refused
+  logits[static_cast<size_t>(merges[1])] = 1.0f;      // allowed: keeps its own mass
+  logits[static_cast<size_t>(tok->eos_id())] = 4.0f;  // refused, not a quote merge
+  std::vector<uint64_t> allowed(vocab->mask_words(), 0);
+  for (const int32_t id : {*quote, *x, merges[1]})
+    allowed[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+  std::vector<float> healed = logits;
+  vocab->heal_string_close(allowed.data(), healed.data());
+  EXPECT_NEAR(healed[static_cast<size_t>(*quote)], std::log(1.0 + std::exp(5.0)), 1e-5);
+  for (int32_t id = 0; id < V; ++id) {
+    if (id != *quote) {
+      EXPECT_EQ(healed[static_cast<size_t>(id)], logits[static_cast<size_t>(id)]) << id;
+    }
+  }
+  allowed[static_cast<size_t>(*quote) / 64] &= ~(uint64_t{1} << (*quote % 64));  // the quote refused too
+  healed = logits;
+  vocab->heal_string_close(allowed.data(), healed.data());
+  EXPECT_EQ(healed, logits);
 }
 
 // With the tool's schema: keys are the schema's properties, none twice; the object closes only
