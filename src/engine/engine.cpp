@@ -201,6 +201,8 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   s->sampler->add_prompt(request.prompt);
   s->detok = std::make_unique<StreamDecoder>(m.model->tokenizer(), DecodeOptions{.skip_special = true});
   s->req = std::move(request);
+  if (!s->req.tool_args_of.empty() && !s->req.tool_names.empty())
+    s->tool_name.start_args(s->req.tool_args_of, s->req.tool_names, s->req.tool_schemas);
   auto stream = s->stream;
   {
     std::lock_guard lock(m.mu);

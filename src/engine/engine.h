@@ -61,6 +61,9 @@ struct GenerationRequest {
   // Parallel to tool_names (or empty): each tool's argument keys (ToolArgsSchema::from_json_schema);
   // a call's arguments are one JSON object whose keys, when the schema has any, are constrained.
   std::vector<ToolArgsSchema> tool_schemas;
+  // The reply starts inside the arguments of a call to this tool (one of tool_names), after the
+  // fence, which the prompt holds: tool_choice naming a function. Empty: it does not.
+  std::string tool_args_of;
   // Special tokens whose text is kept in the output (the tool-call markers, so the server can
   // parse calls); every other special token is dropped from the text.
   std::vector<int32_t> keep_special_tokens;

@@ -10,6 +10,19 @@
 
 namespace fathom {
 
+namespace {
+
+// The schema of the tool called `name`, or null (no such tool, or a schema without keys).
+const ToolArgsSchema* find_schema(std::string_view name, std::span<const std::string> names,
+                                  std::span<const ToolArgsSchema> schemas) {
+  for (size_t i = 0; i < names.size() && i < schemas.size(); ++i) {
+    if (names[i] == name && !schemas[i].keys.empty()) return &schemas[i];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 void ToolNameState::feed(int32_t token, std::string_view bytes, int32_t sep,
                          std::span<const std::string> names, std::span<const ToolArgsSchema> schemas) {
   end_pending = false;
@@ -32,13 +45,17 @@ void ToolNameState::feed(int32_t token, std::string_view bytes, int32_t sep,
   prefix += bytes.substr(0, nl + 1);
   active = false;
   args_active = true;
-  const ToolArgsSchema* schema = nullptr;
-  const std::string_view name = std::string_view(prefix).substr(0, prefix.find('\n'));
-  for (size_t i = 0; i < names.size() && i < schemas.size(); ++i) {
-    if (names[i] == name && !schemas[i].keys.empty()) schema = &schemas[i];
-  }
-  args = ToolArgsMatcher(schema);
+  args = ToolArgsMatcher(find_schema(std::string_view(prefix).substr(0, prefix.find('\n')), names, schemas));
   feed_args(bytes.substr(nl + 1));
+}
+
+void ToolNameState::start_args(std::string_view name, std::span<const std::string> names,
+                               std::span<const ToolArgsSchema> schemas) {
+  active = false;
+  end_pending = false;
+  args_active = true;
+  args = ToolArgsMatcher(find_schema(name, names, schemas));
+  (void)args.feed(ToolArgsMatcher::kFence);
 }
 
 void ToolNameState::feed_args(std::string_view bytes) {

@@ -43,6 +43,10 @@ struct ToolNameState {
   // gets its arguments' keys constrained by schemas[i] when that has keys.
   void feed(int32_t token, std::string_view bytes, int32_t sep, std::span<const std::string> names = {},
             std::span<const ToolArgsSchema> schemas = {});
+  // The reply starts inside the arguments of a call to `name` whose fence the prompt already holds
+  // (tool_choice naming a function: the server's forced prefix ends with "```json\n").
+  void start_args(std::string_view name, std::span<const std::string> names,
+                  std::span<const ToolArgsSchema> schemas);
 
  private:
   void feed_args(std::string_view bytes);

@@ -167,6 +167,16 @@ TEST(ToolNameConstraint, TheArgumentsFollowTheNameUntilTheirObjectCloses) {
   st.feed(sep, "", sep, names, schemas);
   st.feed(5, "get_date\n```json\n{\"", sep, names, schemas);  // no schema: any key
   EXPECT_TRUE(st.args.feed(std::string_view("city\"")));
+  // tool_choice naming get_time: the prompt ends after the fence, the reply is the arguments.
+  ToolNameState named;
+  named.start_args("get_time", names, schemas);
+  EXPECT_TRUE(named.args_active);
+  EXPECT_FALSE(named.active);
+  named.feed(5, "{\"", sep, names, schemas);
+  EXPECT_FALSE(named.args.feed(std::string_view("city")));
+  named.feed(6, "tz\": \"UTC\"}\n```", sep, names, schemas);
+  EXPECT_FALSE(named.args_active);
+  EXPECT_TRUE(named.end_pending);
 }
 
 }  // namespace

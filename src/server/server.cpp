@@ -150,6 +150,8 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
         gen.tool_schemas.push_back(
             ToolArgsSchema::from_json_schema(t.parameters_json).value_or(ToolArgsSchema{}));
       }
+      if (cr.tool_choice == ToolChoice::kNamed)
+        gen.tool_args_of = cr.tool_choice_name;  // prefix ends at the fence
     }
   }
   if (options.enable_test_hooks) {

@@ -94,6 +94,23 @@ def file_calls(url):
             assert all(isinstance(v, str) for v in args.values()), args
 
 
+def named_call(url):
+    """tool_choice naming a function: the reply starts inside its arguments, which fit its schema.
+    Without the constraint on these two the model writes {"query": ...} for the search and a
+    write_file call without "content" (measured with the constraint disabled)."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FILE_TOOLS}
+    for tool, text in [("files__search", "Find milk"), ("files__write_file", "List the files")]:
+        choice = chat(url, {"messages": [{"role": "user", "content": text}], "tools": FILE_TOOLS,
+                            "tool_choice": {"type": "function", "function": {"name": tool}}})
+        calls = choice["message"].get("tool_calls") or []
+        print(f"named {tool} {text!r} -> {[(c['function']['name'], c['function']['arguments']) for c in calls]}")
+        assert len(calls) >= 1 and calls[0]["function"]["name"] == tool, choice
+        args = json.loads(calls[0]["function"]["arguments"])
+        schema = schemas[tool]
+        assert set(schema["required"]) <= set(args) <= set(schema["properties"]), (tool, args)
+        assert all(isinstance(v, str) for v in args.values()), args
+
+
 def main():
     names = build_names()
     r = random.Random(20261130)
@@ -105,6 +122,7 @@ def main():
         assert offered >= 0.95, offered  # every call names an offered tool (a few replies may not call)
         assert right >= MIN_RIGHT, (right, MIN_RIGHT)
         file_calls(url)
+        named_call(url)
         hello = chat(url, {"messages": [{"role": "user", "content": "Hello! Who are you?"}]})
         print("hello ->", hello["message"]["content"])
         assert hello["finish_reason"] == "stop" and hello["message"]["content"].strip(), hello
