@@ -30,6 +30,9 @@ const server = spawn(BIN, ['serve', '--model', modelDir, '--port', '0', '--test-
                            '--kv-cache-gb', '0.0625', '--max-context', '4096'],
                      { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, FATHOM_THREADS: '2' } });
 let failures = 0;
+// How the server ended, if it did before the test stopped it (a crash leaves no line on stderr).
+let serverExit = null;
+server.on('exit', (code, signal) => { serverExit = { code, signal }; });
 try {
   const base = await new Promise((resolve, reject) => {
     let out = '';
@@ -79,10 +82,18 @@ try {
     console.log(`ok   agent: free-running random model ends cleanly (${r2.result.status})`);
   } catch (e) {
     failures++;
-    console.log(`FAIL agent free run: ${e.stack || e}`);
+    console.log(`FAIL agent free run: ${e.stack || e}\nagent stdout (trajectory): ${r2.out}`);
   }
-  const health = await fetch(`${base}/health`);
-  if (health.status !== 200) { failures++; console.log('FAIL server unhealthy after the agent runs'); }
+  let healthy = false;
+  try {
+    healthy = (await fetch(`${base}/health`)).status === 200;
+  } catch (e) {
+    console.log(`server unreachable: ${e.cause?.code || e}`);
+  }
+  if (!healthy) {
+    failures++;
+    console.log(`FAIL server unhealthy after the agent runs; server exit: ${JSON.stringify(serverExit)}`);
+  }
 } finally {
   server.kill('SIGTERM');
   fs.rmSync(tmp, { recursive: true, force: true });
