@@ -30,15 +30,25 @@ bool JsonMatcher::feed(uint8_t byte) {
   return false;
 }
 
-bool JsonMatcher::feed(std::string_view bytes) {
-  JsonMatcher saved = *this;
+namespace {
+
+// Feeds every byte or none: on a refused byte the matcher is restored.
+template <class Matcher>
+bool feed_all(Matcher& m, std::string_view bytes) {
+  const Matcher saved = m;
   for (char c : bytes) {
-    if (!feed_inner(static_cast<uint8_t>(c))) {
-      *this = saved;
+    if (!m.feed(static_cast<uint8_t>(c))) {
+      m = saved;
       return false;
     }
   }
   return true;
+}
+
+}  // namespace
+
+bool JsonMatcher::feed(std::string_view bytes) {
+  return feed_all(*this, bytes);
 }
 
 // After a complete value inside a container.
@@ -214,12 +224,27 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
     std::vector<int32_t> tokens;
   };
   std::vector<Build> b(1);
+  // String-safe tokens: fed to a matcher inside a plain string, every byte is taken and the string
+  // is still plain after the last. Tokens that begin with a quote: heal_string_close.
+  v->string_safe_.assign(v->mask_words(), 0);
+  JsonMatcher in_string;
+  (void)in_string.feed(std::string_view("{\"k\":\""));
   const int32_t n = std::min(vocab_size, tok.vocab_size());
   for (int32_t id = 0; id < n; ++id) {
     const TokenType type = tok.token_type(id);
     if (type == TokenType::kControl || type == TokenType::kUnused || tok.is_special(id)) continue;
     auto bytes = tok.token_bytes(id);
     if (!bytes.ok() || bytes->empty()) continue;
+    if (JsonMatcher m = in_string; m.feed(*bytes) && m.in_plain_string()) {
+      v->string_safe_[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+    }
+    if ((*bytes)[0] == '"') {
+      if (bytes->size() == 1) {
+        v->quote_ = id;
+      } else {
+        v->quote_merges_.push_back(id);
+      }
+    }
     uint32_t node = 0;
     for (char c : *bytes) {
       auto it = b[node].kids.find(static_cast<uint8_t>(c));
@@ -242,33 +267,12 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
       if (b[i].tokens.size() > 1) v->extra_tokens_.push_back(b[i].tokens);
     }
   }
-  // String-safe tokens: fed to a matcher inside a plain string, every byte is taken and the string
-  // is still plain after the last. A child is always created after its parent, so one pass from
-  // the last node to the first carries "some unsafe token below" up to the root.
-  v->string_safe_.assign(v->mask_words(), 0);
+  // A child is always created after its parent, so one pass from the last node to the first
+  // carries "some string-unsafe token at or below" up to the root.
   std::vector<bool> unsafe_here(b.size(), false);
-  JsonMatcher in_string;
-  (void)in_string.feed(std::string_view("{\"k\":\""));
   for (size_t i = 0; i < b.size(); ++i) {
     for (int32_t id : b[i].tokens) {
-      JsonMatcher m = in_string;
-      const auto bytes = tok.token_bytes(id);
-      if (bytes.ok() && m.feed(*bytes) && m.in_plain_string()) {
-        v->string_safe_[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
-      } else {
-        unsafe_here[i] = true;
-      }
-    }
-  }
-  for (int32_t id = 0; id < n; ++id) {
-    const TokenType type = tok.token_type(id);
-    if (type == TokenType::kControl || type == TokenType::kUnused || tok.is_special(id)) continue;
-    const auto bytes = tok.token_bytes(id);
-    if (!bytes.ok() || bytes->empty() || (*bytes)[0] != '"') continue;
-    if (bytes->size() == 1) {
-      v->quote_ = id;
-    } else {
-      v->quote_merges_.push_back(id);
+      if (!(v->string_safe_[static_cast<size_t>(id) / 64] >> (id % 64) & 1)) unsafe_here[i] = true;
     }
   }
   v->unsafe_below_.assign(b.size(), 0);
@@ -450,14 +454,7 @@ bool ToolArgsMatcher::feed(uint8_t byte) {
 }
 
 bool ToolArgsMatcher::feed(std::string_view bytes) {
-  ToolArgsMatcher saved = *this;
-  for (char c : bytes) {
-    if (!feed(static_cast<uint8_t>(c))) {
-      *this = saved;
-      return false;
-    }
-  }
-  return true;
+  return feed_all(*this, bytes);
 }
 
 void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const {

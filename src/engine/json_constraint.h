@@ -32,13 +32,10 @@ class JsonMatcher {
   bool complete() const { return state_ == State::kDone; }
   // Where the top-level object is (for ToolArgsMatcher's key rules): the nesting depth, whether the
   // next non-space byte starts a key or closes the object (after '{' or ','), whether a key string
-  // is being read, whether a value has just ended.
+  // is being read, whether a value comes next.
   int depth() const { return depth_; }
   bool expects_key() const { return state_ == State::kKeyOrEnd || state_ == State::kKey; }
-  bool in_key_string() const {
-    return in_key_ && (state_ == State::kString || state_ == State::kEscape || state_ == State::kUnicode);
-  }
-  bool after_value() const { return state_ == State::kAfterValue; }
+  bool in_key_string() const { return in_key_ && in_string(); }
   bool expects_value() const { return state_ == State::kValue; }
   // Inside a string with no escape or UTF-8 sequence open: any "string-safe" token keeps it so.
   bool in_plain_string() const { return state_ == State::kString && aux_ == 0; }
@@ -71,8 +68,9 @@ class JsonMatcher {
 //
 // With a schema (the tool's "parameters": an object schema with "properties"), the top-level
 // object's keys are constrained too: each key is one of the properties, none twice, and the object
-// closes only once every "required" property is present. Values are any JSON (their types are not
-// checked). A schema whose property names need escaping in JSON is not used (keys stay free).
+// closes only once every "required" property is present. A property with one simple "type" gets
+// a value of that type (judged by its first byte; nested and string contents are free). A schema
+// whose property names need escaping in JSON is not used (keys stay free).
 struct ToolArgsSchema {
   std::vector<std::string> keys;  // at most kMaxKeys
   // Per key, the JSON type its "type" names when that is one simple type: 's' string, 'n'

@@ -163,8 +163,9 @@ double cross_entropy_forward_backward(const T* logits, int64_t n, int64_t vocab,
   return n_valid > 0 ? total / static_cast<double>(n_valid) : 0.0;
 }
 
-// out[i] = 1 / (1 + exp(-g[i])) over the pool; float uses the runtime's vectorised exp (kernels/ops.h,
-// ~2e-7 relative), double std::exp. Elementwise, so independent of the thread count.
+// out[i] = 1 / (1 + exp(-g[i])) over the pool (SwiGLU's backward); float uses the runtime's
+// vectorised exp (kernels/ops.h, ~2e-7 relative), double std::exp. Elementwise, so independent of
+// the thread count.
 template <class T>
 void sigmoid(const T* g, T* out, int64_t n) {
   default_pool().parallel_for(n, 8192, [&](int64_t i0, int64_t i1, int) {
@@ -190,8 +191,13 @@ void swiglu_forward(const T* x, const T* wg, const T* wu, const T* wd, int64_t m
   ctx.h.resize(ctx.g.size());
   linear_forward(x, wg, m, hidden, inter, ctx.g.data());
   linear_forward(x, wu, m, hidden, inter, ctx.u.data());
-  sigmoid(ctx.g.data(), ctx.h.data(), m * inter);
-  for (size_t i = 0; i < ctx.g.size(); ++i) ctx.h[i] *= ctx.g[i] * ctx.u[i];
+  if constexpr (std::is_same_v<T, float>) {  // the runtime's vectorised silu(g) * u, rows over the pool
+    default_pool().parallel_for(m * inter, 8192, [&](int64_t i0, int64_t i1, int) {
+      silu_mul(ctx.g.data() + i0, ctx.u.data() + i0, ctx.h.data() + i0, i1 - i0);
+    });
+  } else {
+    for (size_t i = 0; i < ctx.g.size(); ++i) ctx.h[i] = ctx.g[i] / (T(1) + std::exp(-ctx.g[i])) * ctx.u[i];
+  }
   linear_forward(ctx.h.data(), wd, m, inter, hidden, y);
 }
 

@@ -198,8 +198,7 @@ constexpr double kEmbedConstant = 4.0;  // embedding column 0, in units of the o
 constexpr double kLogitMargin = 6.0;    // softmax logit of the previous position over any other
 
 struct PrevTokenPlan {
-  bool active = false;
-  int64_t heads = 0, pairs = 0;
+  int64_t heads = 0, pairs = 0;  // heads == 0: nothing to build
   double x0 = 0;       // coordinate 0 after the input RMSNorm
   double qan0 = 0;     // q latent coordinate 0 after q_a_layernorm
   double qa_gain = 0;  // q_a[0][0]
@@ -210,7 +209,6 @@ struct PrevTokenPlan {
 PrevTokenPlan plan_prev_token_heads(const ModelConfig& c, int64_t heads) {
   PrevTokenPlan plan;
   if (heads <= 0) return plan;
-  plan.active = true;
   plan.heads = heads;
   const RopeParams rp = rope_params(c);
   const std::vector<double> inv = rope_inv_freq(rp);
@@ -244,7 +242,7 @@ PrevTokenPlan plan_prev_token_heads(const ModelConfig& c, int64_t heads) {
 
 template <class T>
 void seed_prev_token_heads(const PrevTokenPlan& plan, const ModelConfig& c, const ParamInfo& p, T* dst) {
-  if (!plan.active) return;
+  if (plan.heads == 0) return;
   const int64_t hd = c.hidden_size;
   if (p.role == WeightRole::kEmbedding) {
     // Every row gets the same RMS over columns 1.., so that x0 is the same for every token: the
