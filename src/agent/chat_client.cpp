@@ -142,9 +142,10 @@ Result<std::unique_ptr<ChatClient>> ChatClient::create(ChatClientOptions options
   return std::unique_ptr<ChatClient>(new ChatClient(std::move(impl)));
 }
 
-json ChatClient::request_body(const json& messages, const json& tools) const {
+nlohmann::ordered_json ChatClient::request_body(const nlohmann::ordered_json& messages,
+                                                const nlohmann::ordered_json& tools) const {
   const auto& o = impl_->options;
-  json body = {{"model", o.model}, {"messages", messages}, {"stream", o.stream}};
+  nlohmann::ordered_json body = {{"model", o.model}, {"messages", messages}, {"stream", o.stream}};
   if (!tools.empty()) body["tools"] = tools;
   if (o.stream) body["stream_options"] = {{"include_usage", true}};
   if (o.temperature) body["temperature"] = *o.temperature;
@@ -152,10 +153,12 @@ json ChatClient::request_body(const json& messages, const json& tools) const {
   return body;
 }
 
-Result<ChatResponse> ChatClient::complete(const json& messages, const json& tools,
+Result<ChatResponse> ChatClient::complete(const nlohmann::ordered_json& messages,
+                                          const nlohmann::ordered_json& tools,
                                           const std::function<void(const std::string&)>& on_text) {
   const auto& o = impl_->options;
-  const std::string body = request_body(messages, tools).dump(-1, ' ', false, json::error_handler_t::replace);
+  const std::string body =
+      request_body(messages, tools).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   Status last;
   for (int attempt = 0; attempt <= o.retries; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 << (attempt - 1)));

@@ -38,8 +38,11 @@ class ChatClient {
   static Result<std::unique_ptr<ChatClient>> create(ChatClientOptions options);
   ~ChatClient();
   // The request body that complete() would send (for trajectories).
-  nlohmann::json request_body(const nlohmann::json& messages, const nlohmann::json& tools) const;
-  Result<ChatResponse> complete(const nlohmann::json& messages, const nlohmann::json& tools,
+  // Ordered JSON: the request goes out with keys in the order the caller built them (a tool's
+  // parameters as declared, which the server shows the model).
+  nlohmann::ordered_json request_body(const nlohmann::ordered_json& messages,
+                                      const nlohmann::ordered_json& tools) const;
+  Result<ChatResponse> complete(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                 const std::function<void(const std::string&)>& on_text);
   struct Impl;
 

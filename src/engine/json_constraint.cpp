@@ -224,8 +224,10 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
     std::vector<int32_t> tokens;
   };
   std::vector<Build> b(1);
-  // String-safe tokens: fed to a matcher inside a plain string, every byte is taken and the string
-  // is still plain after the last. Tokens that begin with a quote: heal_string_close.
+  // String-safe tokens: fed to a matcher inside a plain string, every byte is taken and the same
+  // string is still open after the last — no quote byte, escaped or not: `","` also ends in a
+  // plain string, the next key's, which a schema may not allow. Tokens that begin with a quote:
+  // heal_string_close.
   v->string_safe_.assign(v->mask_words(), 0);
   JsonMatcher in_string;
   (void)in_string.feed(std::string_view("{\"k\":\""));
@@ -235,7 +237,8 @@ Result<std::unique_ptr<JsonVocab>> JsonVocab::create(const Tokenizer& tok, int32
     if (type == TokenType::kControl || type == TokenType::kUnused || tok.is_special(id)) continue;
     auto bytes = tok.token_bytes(id);
     if (!bytes.ok() || bytes->empty()) continue;
-    if (JsonMatcher m = in_string; m.feed(*bytes) && m.in_plain_string()) {
+    if (JsonMatcher m = in_string;
+        bytes->find('"') == std::string::npos && m.feed(*bytes) && m.in_plain_string()) {
       v->string_safe_[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
     }
     if ((*bytes)[0] == '"') {
@@ -341,7 +344,7 @@ void JsonVocab::mask(const ToolArgsMatcher& state, uint64_t* allowed) const {
 }
 
 std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view parameters_json) {
-  const nlohmann::json j = nlohmann::json::parse(parameters_json, nullptr, false);
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(parameters_json, nullptr, false);
   if (!j.is_object() || !j.contains("properties") || !j["properties"].is_object() || j["properties"].empty())
     return std::nullopt;
   ToolArgsSchema s;

@@ -72,7 +72,7 @@ class JsonMatcher {
 // a value of that type (judged by its first byte; nested and string contents are free). A schema
 // whose property names need escaping in JSON is not used (keys stay free).
 struct ToolArgsSchema {
-  std::vector<std::string> keys;  // at most kMaxKeys
+  std::vector<std::string> keys;  // at most kMaxKeys, in the schema's order
   // Per key, the JSON type its "type" names when that is one simple type: 's' string, 'n'
   // number/integer, 'b' boolean, 'o' object, 'a' array; 0: any value. The value's first byte is
   // held to it (a string starts with '"', a number with '-' or a digit, ...).

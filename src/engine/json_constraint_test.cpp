@@ -129,11 +129,33 @@ const std::pair<std::unique_ptr<Tokenizer>, std::unique_ptr<JsonVocab>>& builtin
   return v;
 }
 
+// The built-in vocabulary plus merges that leave one string and open the next (`","`, `", "`,
+// `":"`), which tokenizers trained on JSON-heavy text have (the default model's does) and the
+// built-in one lacks: their bytes end inside a string, yet they are not string-safe.
+const std::pair<std::unique_ptr<Tokenizer>, std::unique_ptr<JsonVocab>>& json_merges_vocab() {
+  static const auto v = [] {
+    auto base = Tokenizer::from_builtin();
+    EXPECT_TRUE(base.ok());
+    VocabData data = *(*base)->vocab_data();
+    // In the vocabulary's byte-level form: U+0120 stands for the space.
+    for (const char* t : {"\",\"", "\",\u0120\"", "\":\""}) {
+      data.tokens.push_back(t);
+      data.token_types.push_back(static_cast<int32_t>(TokenType::kNormal));
+    }
+    auto tok = Tokenizer::from_vocab_data(data);
+    EXPECT_TRUE(tok.ok()) << tok.status().to_string();
+    auto vocab = JsonVocab::create(**tok, (*tok)->vocab_size());
+    EXPECT_TRUE(vocab.ok());
+    return std::make_pair(std::move(*tok), std::move(*vocab));
+  }();
+  return v;
+}
+
 // JSON mode's mask (JsonMatcher) allows exactly the tokens the automaton takes, inside strings
 // (where a precomputed mask of string-safe tokens stands in for most of the walk), at keys,
 // numbers and after a complete object (EOS alone).
 TEST(JsonVocab, MaskAllowsExactlyTheTokensTheAutomatonTakes) {
-  const auto& [tok, vocab] = builtin_vocab();
+  const auto& [tok, vocab] = json_merges_vocab();
   const int32_t V = tok->vocab_size();
   std::vector<uint64_t> allowed(vocab->mask_words());
   for (const char* prefix :
@@ -206,9 +228,9 @@ TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
       R"("required":["path","content","nope"]})");
   ASSERT_TRUE(schema.has_value());
   EXPECT_EQ(schema->keys,
-            (std::vector<std::string>{"content", "mode", "n", "opts", "path"}));  // the parser's order
-  EXPECT_EQ(schema->types, (std::vector<char>{'s', 0, 'n', 'o', 's'}));
-  EXPECT_EQ(schema->required, 0b10001u);
+            (std::vector<std::string>{"path", "content", "mode", "n", "opts"}));  // the schema's order
+  EXPECT_EQ(schema->types, (std::vector<char>{'s', 's', 0, 'n', 'o'}));
+  EXPECT_EQ(schema->required, 0b00011u);
   ToolArgsMatcher m(&*schema);
   ASSERT_TRUE(m.feed(std::string_view("```json\n{ ")));
   EXPECT_FALSE(m.feed(static_cast<uint8_t>('}')));  // path and content are required
@@ -234,6 +256,16 @@ TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
   EXPECT_FALSE(m.feed(static_cast<uint8_t>(',')));  // every key is used (the comma also ends the number)
   EXPECT_TRUE(m.feed(std::string_view(" }")));
   EXPECT_TRUE(m.object_closed());
+  // A string value, then a comma when no key is left (the default model's `","` merge).
+  const auto path_only = ToolArgsSchema::from_json_schema(
+      R"({"type":"object","properties":{"path":{"type":"string"}},"required":["path"]})");
+  ASSERT_TRUE(path_only.has_value());
+  ToolArgsMatcher one(&*path_only);
+  ASSERT_TRUE(one.feed(std::string_view("```json\n{\"path\":\"notes/main.py")));
+  EXPECT_FALSE(one.feed(std::string_view("\",\"")));
+  EXPECT_TRUE(one.feed(static_cast<uint8_t>('"')));
+  EXPECT_FALSE(one.feed(static_cast<uint8_t>(',')));
+  EXPECT_TRUE(one.feed(static_cast<uint8_t>('}')));
   const auto q_only = ToolArgsSchema::from_json_schema(R"({"properties":{"q":{}}})");
   ASSERT_TRUE(q_only.has_value());
   ToolArgsMatcher early(&*schema);  // a number's end and the close in one byte: still needs "required"
@@ -252,7 +284,7 @@ TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
 // checked over the whole built-in vocabulary at states in the fence, in keys, values, nesting,
 // numbers and the closing fence, with and without a schema.
 TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
-  const auto& [tok, vocab] = builtin_vocab();
+  const auto& [tok, vocab] = json_merges_vocab();
   const int32_t V = tok->vocab_size();
   std::vector<uint64_t> allowed(vocab->mask_words());
   const auto schema = ToolArgsSchema::from_json_schema(
@@ -266,7 +298,9 @@ TEST(ToolArgsMatcher, MaskAllowsExactlyTheTokensTheMatcherTakes) {
           "```json\n{\"n\": -1.5e", "```json\n{\"path\": \"x\"", "```json\n{\"path\": 1, \"",
           "```json\n{\"a\": 1", "```json\n{\"path\": 1}", "```json\n{\"path\": 1}\n`",
           "```json\n{\"path\":               ", "```json\n{\"path\": 12", "```json\n{\"s\":",
-          "```json\n{\"s\": ", "```json\n{\"path\": 1, \"content\": 2, \"n\": 3, \"a\": 4, \"pattern\": 5"}) {
+          "```json\n{\"s\": ", "```json\n{\"path\": 1, \"content\": 2, \"n\": 3, \"a\": 4, \"pattern\": 5",
+          // inside a string value with every key used: `","` would open a key no schema allows
+          "```json\n{\"path\": 1, \"content\": 2, \"n\": 3, \"a\": 4, \"pattern\": 5, \"s\": \"v"}) {
       ToolArgsMatcher state(sc);
       ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
       const auto t0 = std::chrono::steady_clock::now();

@@ -104,8 +104,8 @@ Result<UnigramResult> unigram_baseline(std::span<const int32_t> train, std::span
 // ---- Tool-use evaluation ------------------------------------------------------------------------
 
 struct HeldoutRequest {
-  nlohmann::json messages;  // OpenAI messages
-  nlohmann::json tools;     // OpenAI tools
+  nlohmann::ordered_json messages;  // OpenAI messages
+  nlohmann::ordered_json tools;     // OpenAI tools
   std::string expected_tool;
 };
 // heldout_tools.jsonl: {"messages", "tools", "expected_tool", ...} per line; errors name the line.
@@ -121,7 +121,7 @@ std::string_view outcome_name(ToolOutcome o);
 
 // Scores one reply message ({"role":"assistant","content":...,"tool_calls":[...]}). The first
 // tool call decides; `detail` says what was wrong (for failure examples).
-ToolOutcome score_tool_reply(const nlohmann::json& message, std::string_view expected_tool,
+ToolOutcome score_tool_reply(const nlohmann::ordered_json& message, std::string_view expected_tool,
                              std::string* detail);
 
 struct ToolEvalParams {
@@ -137,7 +137,7 @@ struct ToolEvalResult {
   int64_t n = 0, n_correct = 0, n_any_call = 0, n_bad_args = 0, n_wrong_tool = 0, n_no_call = 0;
   int64_t n_errors = 0;  // requests the endpoint failed (counted as failures)
   double seconds = 0;
-  nlohmann::json examples = nlohmann::json::array();  // failures: request text, expected, got
+  nlohmann::ordered_json examples = nlohmann::ordered_json::array();  // failures: request text, expected, got
   double correct_fraction() const { return n ? double(n_correct) / double(n) : 0; }
   double any_call_fraction() const { return n ? double(n_any_call) / double(n) : 0; }
 };

@@ -12,7 +12,9 @@
 
 namespace fathom::eval {
 
-using nlohmann::json;
+// Ordered: requests go out with their keys in the order the set holds them (tool parameters as
+// declared), which a server may show the model.
+using json = nlohmann::ordered_json;
 
 std::string_view outcome_name(ToolOutcome o) {
   switch (o) {

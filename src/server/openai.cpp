@@ -10,7 +10,9 @@
 namespace fathom {
 namespace {
 
-using nlohmann::json;
+// Ordered: a request's key order is kept (tool parameters reach the prompt and the argument
+// constraint in the order the client declared them, as OpenAI keeps them).
+using json = nlohmann::ordered_json;
 
 bool fail(ApiError* e, std::string param, std::string message) {
   e->http_status = 400;

@@ -22,7 +22,7 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param;  // "" -> null
   std::string code;   // "" -> null
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
 };
 
 ApiError api_error_from_status(const Status& st, std::string_view param = {});
@@ -54,11 +54,11 @@ struct CompletionRequest {
 };
 
 // Parse and validate; errors name the parameter (ApiError.param) and the rule.
-Result<ChatRequest> parse_chat_request(const nlohmann::json& body, ApiError* error);
-Result<CompletionRequest> parse_completion_request(const nlohmann::json& body, ApiError* error);
+Result<ChatRequest> parse_chat_request(const nlohmann::ordered_json& body, ApiError* error);
+Result<CompletionRequest> parse_completion_request(const nlohmann::ordered_json& body, ApiError* error);
 
 // Shared sampling fields (temperature, top_p, ..., stop, logprobs, seed).
-bool parse_sampling(const nlohmann::json& body, GenerationRequest& gen, bool chat, ApiError* error);
+bool parse_sampling(const nlohmann::ordered_json& body, GenerationRequest& gen, bool chat, ApiError* error);
 
 // Builds chat prompts: the chat template rendered with every user-supplied string (message
 // contents, tool-call names and arguments) as untrusted text — control-token strings in it stay

@@ -3,13 +3,16 @@
 
 #include <algorithm>
 
+#include "engine/json_constraint.h"
 #include "server/openai.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
 namespace {
 
-using nlohmann::json;
+// Ordered: a request's key order is kept (tool parameters reach the prompt and the argument
+// constraint in the order the client declared them, as OpenAI keeps them).
+using json = nlohmann::ordered_json;
 
 json base_chat() {
   return json{{"model", "m"}, {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})}};
@@ -36,6 +39,26 @@ TEST(OpenAiParse, AcceptsAFullChatRequest) {
   EXPECT_TRUE(r->stream && r->include_usage && r->json_object);
   EXPECT_EQ(r->gen.sampling.top_logprobs, 3);
   EXPECT_EQ(*r->gen.sampling.seed, 42u);
+}
+
+// A tool's parameters keep the order the client declared (the model was trained on them in that
+// order, and the argument constraint's head names the first): a body parsed from text, as the
+// server parses it, not re-sorted.
+TEST(OpenAiParse, ToolParametersKeepTheirDeclaredOrder) {
+  const json b = json::parse(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "send_mail", "parameters": {"type": "object",
+      "properties": {"to": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"}},
+      "required": ["to", "subject", "body"]}}}]})");
+  ApiError e;
+  auto r = parse_chat_request(b, &e);
+  ASSERT_TRUE(r.ok()) << e.message;
+  ASSERT_EQ(r->tools.size(), 1u);
+  const std::string& p = r->tools[0].parameters_json;
+  EXPECT_LT(p.find("\"to\""), p.find("\"subject\"")) << p;
+  EXPECT_LT(p.find("\"subject\""), p.find("\"body\"")) << p;
+  const auto schema = ToolArgsSchema::from_json_schema(p);
+  ASSERT_TRUE(schema.has_value());
+  EXPECT_EQ(schema->keys, (std::vector<std::string>{"to", "subject", "body"}));
 }
 
 TEST(OpenAiParse, RejectsBadFieldsNamingTheParameter) {

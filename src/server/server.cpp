@@ -16,7 +16,9 @@
 
 namespace fathom {
 
-using nlohmann::json;
+// Ordered: a request's key order is kept (tool parameters reach the prompt and the argument
+// constraint in the order the client declared them, as OpenAI keeps them).
+using json = nlohmann::ordered_json;
 
 namespace {
 

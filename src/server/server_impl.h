@@ -69,18 +69,19 @@ struct Server::Impl {
   void install_routes();
   void send_error(httplib::Response& res, const ApiError& e);
   void count(const std::string& route, int status);
-  bool parse_body(const httplib::Request& req, httplib::Response& res, nlohmann::json* body);
+  bool parse_body(const httplib::Request& req, httplib::Response& res, nlohmann::ordered_json* body);
   bool check_model(const std::string& name, httplib::Response& res);
-  nlohmann::json usage_json(const Usage& u) const;
-  nlohmann::json token_logprob_json(const SampleResult& r) const;
-  nlohmann::json completion_logprobs(const std::vector<SampleResult>& lps, int64_t offset) const;
+  nlohmann::ordered_json usage_json(const Usage& u) const;
+  nlohmann::ordered_json token_logprob_json(const SampleResult& r) const;
+  nlohmann::ordered_json completion_logprobs(const std::vector<SampleResult>& lps, int64_t offset) const;
   Collected collect(const std::shared_ptr<RequestStream>& stream);
   ChatOutcome chat_outcome(const ChatContext& ctx, const Collected& c) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res);
   void handle_completion(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res);
   void stream_chat(httplib::Response& res, std::shared_ptr<RequestStream> stream, ChatContext ctx);
-  nlohmann::json chunk(const StreamState& st, nlohmann::json delta, nlohmann::json finish, bool chat) const;
+  nlohmann::ordered_json chunk(const StreamState& st, nlohmann::ordered_json delta,
+                               nlohmann::ordered_json finish, bool chat) const;
   bool stream_step(StreamState& st, httplib::DataSink& sink, bool chat);
   template <typename Write>
   bool write_chat_deltas(StreamState& st, const GenerationEvent& ev, Write& write);
