@@ -79,6 +79,12 @@ int run_serve(int argc, char** argv) {
   args.flag("--no-tool-name-constraint", &no_tool_constraint,
             "decode tool calls unconstrained (default: a call names an offered tool and its arguments are "
             "one JSON object with that tool's parameter keys)");
+  std::string name_selection{tool_name_selection_name(so.tool_name_selection)};
+  args.option("--tool-name-selection", &name_selection,
+              "how a call's name is picked among the offered tools: 'whole' (each tool's call head - its "
+              "name and first argument key - scored by the model, the likeliest taken) or 'tokens' (token "
+              "by token under the name mask)",
+              "whole|tokens");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
   std::string test_outputs;
   args.option("--test-outputs", &test_outputs,
@@ -89,6 +95,10 @@ int run_serve(int argc, char** argv) {
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
   if (model_path.empty()) return fail(args.command(), invalid_argument("--model is required"));
+  auto selection = parse_tool_name_selection(name_selection);
+  if (!selection.ok())
+    return fail(args.command(), invalid_argument("--tool-name-selection: {}", selection.status().message()));
+  so.tool_name_selection = *selection;
   if (!test_outputs.empty()) {
     auto outs = read_test_outputs(test_outputs);
     if (!outs.ok()) return fail(args.command(), outs.status());

@@ -26,6 +26,23 @@ std::string_view finish_reason_name(FinishReason r) {
   return "";
 }
 
+std::string_view tool_name_selection_name(ToolNameSelection s) {
+  switch (s) {
+    case ToolNameSelection::kTokens:
+      return "tokens";
+    case ToolNameSelection::kWhole:
+      return "whole";
+  }
+  return "";
+}
+
+Result<ToolNameSelection> parse_tool_name_selection(std::string_view s) {
+  for (ToolNameSelection v : {ToolNameSelection::kTokens, ToolNameSelection::kWhole}) {
+    if (s == tool_name_selection_name(v)) return v;
+  }
+  return invalid_argument("tool name selection '{}' is not 'tokens' or 'whole'", s);
+}
+
 std::optional<GenerationEvent> RequestStream::next(int timeout_ms) {
   std::unique_lock lock(mu_);
   if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); })) return std::nullopt;
@@ -44,6 +61,44 @@ void RequestStream::push(GenerationEvent e) {
 
 namespace {
 
+// Cache sequence slots kept for choose_tool_name's forks: a call among more offered tools is
+// scored in several forward calls.
+constexpr int kChoiceForks = 16;
+
+// A call's head as ToolNameSelection::kWhole scores it: the tokens of "NAME\n```json\n{\"KEY",
+// KEY the tool's first parameter (none without a schema: "...{"), as the tokenizer spells the
+// call, cut before the token that runs past KEY; the first n_name of them spell the name through
+// its "\n" and are what is emitted.
+struct CallHead {
+  std::vector<int32_t> tokens;
+  size_t n_name = 0;
+};
+
+// Empty (select token by token) if any name does not spell that way.
+std::vector<CallHead> spell_call_heads(const Tokenizer& tok, std::span<const std::string> names,
+                                       std::span<const ToolArgsSchema> schemas) {
+  std::vector<CallHead> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    std::string head = name + "\n" + std::string(ToolArgsMatcher::kFence) + "{";
+    if (i < schemas.size() && !schemas[i].keys.empty()) head += "\"" + schemas[i].keys[0];
+    auto ids = tok.encode(head + "\":");
+    if (!ids.ok()) return {};
+    CallHead h;
+    std::string bytes;
+    for (int32_t id : *ids) {
+      const std::string b = tok.token_bytes(id).value_or("");
+      if (bytes.size() + b.size() > head.size()) break;
+      bytes += b;
+      h.tokens.push_back(id);
+      if (h.n_name == 0 && bytes.size() > name.size()) h.n_name = h.tokens.size();
+    }
+    if (h.n_name == 0 || bytes.compare(0, name.size(), name) != 0 || bytes[name.size()] != '\n') return {};
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 struct Seq {
   uint64_t id = 0;
   GenerationRequest req;
@@ -61,6 +116,9 @@ struct Seq {
   std::optional<int32_t> draft;
   JsonMatcher json;
   ToolNameState tool_name;
+  // ToolNameSelection::kWhole: each offered tool's call head (empty when the request selects
+  // token by token or a name cannot be spelled that way).
+  std::vector<CallHead> call_heads;
   Timer clock;                  // since submit
   double first_token_s = -1, last_token_s = 0;
   // this step
@@ -68,6 +126,12 @@ struct Seq {
   bool sample_now = false;
   KvTierSeq store;  // storage tier state (with --kv-store)
 };
+
+// The next token starts a call's name that ToolNameSelection::kWhole chooses whole.
+bool whole_name_next(const Seq& s) {
+  return s.tool_name.active && s.tool_name.prefix.empty() && !s.call_heads.empty() &&
+         s.req.forced_output.empty() && !s.req.json_object;
+}
 
 }  // namespace
 
@@ -81,6 +145,7 @@ struct Engine::Impl {
   std::unique_ptr<JsonVocab> json_vocab;
   std::unique_ptr<ToolNameVocab> tool_vocab;
   std::vector<uint64_t> tool_mask;
+  std::vector<float> choice_logits;  // choose_tool_name's forward (grown on first use)
   std::vector<float> healed;  // one row's logits after JsonVocab::heal_string_close
   std::thread thread;
   std::mutex mu;
@@ -106,6 +171,13 @@ struct Engine::Impl {
   void finish(Seq& s, FinishReason r, Status error = {});
   // Emits a sampled token; false when the sequence finished.
   bool emit(Seq& s, const SampleResult& r, GenerationEvent& ev);
+  // ToolNameSelection::kWhole at the first token of a call's name (lg: that position's logits,
+  // the sequence's cache written through it): scores every offered name whole — its first token
+  // from lg, the rest from forward calls over forks of the sequence, which share its pages and are
+  // freed here — picks one (Sampler::choose) and emits its tokens (*alive: emit's answer). False,
+  // having emitted nothing, when it cannot (no sequence slots or pages for the forks): the caller
+  // then samples token by token under the name mask.
+  bool choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev, bool* alive);
   void flush_event(Seq& s, GenerationEvent& ev);
   void fail_all(const Status& st);
   void publish() {
@@ -146,7 +218,8 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
     return invalid_argument("engine: max_running {} exceeds the model's max_sequences {}", options.max_running,
                             model.options().max_sequences);
   }
-  KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes, options.max_running + 1);
+  KvCacheOptions ko = model.kv_cache_options(options.kv_dtype, options.kv_cache_bytes,
+                                             options.max_running + 1 + kChoiceForks);
   // Without speculation the MTP layer's cache would never be written, so no page would ever be
   // complete enough to publish (no prefix cache, no store tier): leave that layer out.
   if (!(options.speculative && model.has_mtp())) ko.n_layers = static_cast<int>(model.config().num_hidden_layers);
@@ -203,6 +276,11 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   s->req = std::move(request);
   if (!s->req.tool_args_of.empty() && !s->req.tool_names.empty())
     s->tool_name.start_args(s->req.tool_args_of, s->req.tool_names, s->req.tool_schemas);
+  else if (s->req.tool_name_first && !s->req.tool_names.empty())
+    s->tool_name.start_name();
+  if (s->req.tool_name_selection != ToolNameSelection::kTokens && s->req.tool_names.size() >= 2) {
+    s->call_heads = spell_call_heads(m.model->tokenizer(), s->req.tool_names, s->req.tool_schemas);
+  }
   auto stream = s->stream;
   {
     std::lock_guard lock(m.mu);
@@ -344,7 +422,8 @@ void Engine::Impl::admit() {
     // Admit only if the first prefill chunk fits (pages for running decodes are kept aside).
     const int64_t first = std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(s.tokens.size()));
     const int64_t need = first / cache->format().page_tokens + 2 + static_cast<int64_t>(running.size());
-    if (cache->available_pages() < need) break;
+    // (A cache smaller than that still admits a prompt that fits it, when it is all free.)
+    if (cache->available_pages() < std::min(need, cache->n_pages())) break;
     auto seq = cache->add_sequence();
     if (!seq.ok()) break;
     s.cache_seq = *seq;
@@ -441,6 +520,109 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
     finish(s, FinishReason::kLength);
     return false;
   }
+  return true;
+}
+
+bool Engine::Impl::choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev, bool* alive) {
+  const std::vector<CallHead>& heads = s.call_heads;
+  const int64_t V = model->config().vocab_size;
+  // log-softmax of one row at `token`.
+  auto logprob = [V](const float* row, int32_t token) {
+    const float mx = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+    return static_cast<double>(row[token] - mx) - std::log(sum);
+  };
+  std::vector<double> score(heads.size(), 0.0);
+  for (size_t i = 0; i < heads.size(); ++i) score[i] = logprob(lg, heads[i].tokens[0]);
+  // Per name, its later tokens as sample() would have reported them (log-probabilities when asked).
+  std::vector<std::vector<SampleResult>> reported(heads.size());
+  const int64_t T = model->options().max_batch_tokens;
+  const int64_t ctx = model->max_context();
+  const int max_forks = std::min<int>(kChoiceForks, static_cast<int>(model->options().max_sequences));
+  const int64_t pos = s.n_computed;
+  // One fork per tool of a group (as many as the slots and one forward call take): its head's
+  // tokens after the first, appended to the fork, go in one forward call.
+  struct Fork {
+    size_t tool = 0;
+    SeqId seq = -1;
+    int64_t len = 0;  // tokens in the fork's cache
+  };
+  std::vector<Fork> group;
+  std::vector<SeqBatch> batch;
+  std::vector<int32_t> feed;
+  auto release = [&] {
+    for (const Fork& f : group) (void)cache->free_sequence(f.seq);
+    group.clear();
+  };
+  // The group's heads; false: they could not be scored.
+  auto run_group = [&]() -> bool {
+    if (group.empty()) return true;
+    batch.clear();
+    feed.clear();
+    for (const Fork& f : group) {
+      const std::vector<int32_t>& ids = heads[f.tool].tokens;
+      batch.push_back(SeqBatch{f.seq, pos, f.len - pos, true});
+      feed.insert(feed.end(), ids.begin(), ids.begin() + (f.len - pos));
+    }
+    if (choice_logits.size() < feed.size() * static_cast<size_t>(V))
+      choice_logits.resize(feed.size() * static_cast<size_t>(V));
+    auto fr = model->forward(batch, feed, *cache, choice_logits.data(), nullptr);
+    if (!fr.ok()) {
+      log_warn("scoring tool calls failed ({}); choosing token by token", fr.status().to_string());
+      return false;
+    }
+    int64_t row = 0;
+    for (const Fork& f : group) {
+      const CallHead& h = heads[f.tool];
+      for (int64_t j = 0; j < f.len - pos; ++j, ++row) {
+        const float* r = choice_logits.data() + row * V;
+        const int32_t t = h.tokens[static_cast<size_t>(j) + 1];
+        score[f.tool] += logprob(r, t);
+        if (static_cast<size_t>(j) + 1 < h.n_name) reported[f.tool].push_back(s.sampler->report(r, t));
+      }
+    }
+    return true;
+  };
+  for (size_t i = 0; i < heads.size(); ++i) {
+    const CallHead& h = heads[i];
+    const int64_t n = static_cast<int64_t>(h.tokens.size()) - 1;
+    int64_t in_group = 0;
+    for (const Fork& f : group) in_group += f.len - pos;
+    if (n > T || pos + n >= ctx) {
+      release();
+      return false;
+    }
+    if (n == 0) continue;  // one token: scored from lg alone
+    if (static_cast<int>(group.size()) == max_forks || in_group + n > T) {
+      const bool ok = run_group();
+      release();
+      if (!ok) return false;
+    }
+    auto seq = cache->fork(s.cache_seq);
+    if (!seq.ok()) {
+      release();
+      return false;
+    }
+    Fork f;
+    f.tool = i;
+    f.seq = *seq;
+    f.len = pos + n;
+    group.push_back(f);
+    const std::span<const int32_t> rest(h.tokens.data(), static_cast<size_t>(n));
+    if (!cache->append(f.seq, rest).ok()) {  // no pages: score token by token instead
+      release();
+      return false;
+    }
+  }
+  const bool ok = run_group();
+  release();
+  if (!ok) return false;
+  const size_t pick = s.sampler->choose(score);
+  // Emit the name. The next step computes its tokens after the first again (a short prefill that
+  // also gives the MTP layer their rows); forks cannot be kept for that.
+  *alive = emit(s, s.sampler->report(lg, heads[pick].tokens[0]), ev);
+  for (size_t j = 1; j < heads[pick].n_name && *alive; ++j) *alive = emit(s, reported[pick][j - 1], ev);
   return true;
 }
 
@@ -575,6 +757,7 @@ bool Engine::Impl::step() {
     const bool had_draft = b.all_logits && s->draft.has_value();
     const int32_t draft = s->draft.value_or(-1);
     s->draft.reset();
+    bool chose = false;  // choose_tool_name emitted a whole name
     for (int64_t r = 0; r < rows && alive; ++r) {
       const float* lg = logits.data() + (first_row + (b.all_logits ? r : 0)) * V;
       const uint64_t* allowed = nullptr;
@@ -607,6 +790,16 @@ bool Engine::Impl::step() {
         json_vocab->heal_string_close(allowed, healed.data());
         lg = healed.data();
       }
+      if (tool_constrained && whole_name_next(*s) && r == rows - 1) {
+        bool still = true;
+        if (choose_tool_name(*s, lg, ev, &still)) {
+          ++stats.tool_names_scored;
+          alive = still;
+          chose = true;
+          break;
+        }
+        ++stats.tool_names_unscored;
+      }
       Result<SampleResult> sr = SampleResult{};
       if (!s->req.forced_output.empty()) {
         const size_t k = static_cast<size_t>(s->n_generated);
@@ -636,7 +829,11 @@ bool Engine::Impl::step() {
     }
     if (!alive) continue;
     flush_event(*s, ev);
-    if (spec) mtp.push_back({s, SeqBatch{s->cache_seq, had_draft ? b.pos : computed_before, final_rows, false}, true});
+    // No draft after a chosen name (its tokens are still to compute) or before one to choose.
+    if (spec) {
+      mtp.push_back({s, SeqBatch{s->cache_seq, had_draft ? b.pos : computed_before, final_rows, false},
+                     !chose && !whole_name_next(*s)});
+    }
   }
   // Draft the next token of every decoding sequence with the MTP layer (rows of finished
   // sequences are dropped; their pages are already gone).

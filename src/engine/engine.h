@@ -45,6 +45,22 @@
 namespace fathom {
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+
+// How a call's name is picked among two or more offered tools (GenerationRequest::tool_names).
+enum class ToolNameSelection {
+  // Token by token, each step masked to the tokens that keep the name a prefix of an offered one
+  // (a greedy walk: the first tokens decide before the model has seen the rest of any name).
+  kTokens,
+  // Each offered tool's call head — "NAME\n```json\n{\"KEY", KEY its first parameter, as the
+  // tokenizer spells the call — is scored by the sum of its tokens' log-probabilities, and the best
+  // is taken, or one drawn from their softmax at temperature > 0: the model's distribution over
+  // the offered calls, as SGLang's `select` chooses among options. The arguments' first key is
+  // part of the head because a model that has not learned a new tool's name still knows which
+  // parameters a request needs. One extra forward call over every head per call.
+  kWhole,
+};
+std::string_view tool_name_selection_name(ToolNameSelection s);
+Result<ToolNameSelection> parse_tool_name_selection(std::string_view s);
 std::string_view finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
@@ -61,9 +77,12 @@ struct GenerationRequest {
   // Parallel to tool_names (or empty): each tool's argument keys (ToolArgsSchema::from_json_schema);
   // a call's arguments are one JSON object whose keys, when the schema has any, are constrained.
   std::vector<ToolArgsSchema> tool_schemas;
+  ToolNameSelection tool_name_selection = ToolNameSelection::kTokens;
   // The reply starts inside the arguments of a call to this tool (one of tool_names), after the
   // fence, which the prompt holds: tool_choice naming a function. Empty: it does not.
   std::string tool_args_of;
+  // The reply starts with a call's name (one of tool_names): the prompt ends with <｜tool▁sep｜>.
+  bool tool_name_first = false;
   // Special tokens whose text is kept in the output (the tool-call markers, so the server can
   // parse calls); every other special token is dropped from the text.
   std::vector<int32_t> keep_special_tokens;
@@ -152,6 +171,9 @@ struct EngineMetrics {
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0, preemptions = 0;
   int64_t spec_drafted = 0, spec_accepted = 0;
+  // Call names picked among two or more tools by whole-name scoring, and those that fell back to
+  // token-by-token selection (no slots or pages for the scoring forks).
+  int64_t tool_names_scored = 0, tool_names_unscored = 0;
   int64_t steps = 0;
   KvCacheStats kv;
   bool kv_store = false;  // a storage tier is configured

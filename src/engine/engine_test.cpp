@@ -17,6 +17,7 @@
 #include "base/rng.h"
 #include "engine/engine.h"
 #include "model/synth.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fathom {
 namespace {
@@ -185,6 +186,175 @@ TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
   EXPECT_EQ(outs[1].size(), 40u);
   EXPECT_EQ(greedy_violations(*m, p, outs[0]), 0) << "without speculation";
   EXPECT_EQ(greedy_violations(*m, p, outs[1]), 0) << "with speculation";
+}
+
+// ToolNameSelection::kWhole: the reply to a prompt ending with <｜tool▁sep｜> starts with the offered
+// name whose call head (the tokens of "NAME\n```json\n{" as the tokenizer spells them) has the
+// highest summed log-probability, recomputed here in one prefill per name; with no pages for the
+// scoring forks it still writes an offered name (token by token).
+class WholeNameTest : public EngineTest {
+ protected:
+  // A call's head as the engine scores it: the tokens of "NAME\n```json\n{\"KEY" (KEY the first
+  // parameter; without one the head ends at "{"); the name's run through the token holding its "\n".
+  struct Head {
+    std::vector<int32_t> tokens;
+    size_t n_name = 0;
+  };
+  static Head spell(const Tokenizer& tok, const std::string& name, const std::string& key) {
+    const std::string head = name + "\n```json\n{" + (key.empty() ? "" : "\"" + key);
+    auto ids = tok.encode(head + "\":");
+    EXPECT_TRUE(ids.ok());
+    Head h;
+    std::string bytes;
+    for (int32_t id : *ids) {
+      const std::string b = *tok.token_bytes(id);
+      if (bytes.size() + b.size() > head.size()) break;
+      bytes += b;
+      h.tokens.push_back(id);
+      if (h.n_name == 0 && bytes.size() > name.size()) h.n_name = h.tokens.size();
+    }
+    EXPECT_EQ(bytes.substr(0, name.size() + 1), name + "\n");
+    return h;
+  }
+
+  static std::vector<double> scores(Model& m, const std::vector<int32_t>& prompt,
+                                    const std::vector<std::string>& names,
+                                    const std::vector<std::string>& keys) {
+    const int64_t V = m.config().vocab_size;
+    std::vector<double> out;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::vector<int32_t> ids = spell(m.tokenizer(), names[i], keys[i]).tokens;
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), ids.begin(), ids.end() - 1);
+      auto logits = run_sequence_logits(m, seq, RunMode::kPrefill);
+      EXPECT_TRUE(logits.ok());
+      double sum = 0;
+      for (size_t j = 0; j < ids.size(); ++j) {
+        const float* row = logits->data() + static_cast<int64_t>(prompt.size() - 1 + j) * V;
+        const float mx = *std::max_element(row, row + V);
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v] - mx));
+        sum += static_cast<double>(row[ids[j]] - mx) - std::log(z);
+      }
+      out.push_back(sum);
+    }
+    return out;
+  }
+
+  static GenerationRequest name_request(std::vector<int32_t> p, const std::vector<std::string>& names,
+                                        ToolNameSelection sel, const std::vector<std::string>& keys = {}) {
+    GenerationRequest r = greedy_request(std::move(p), 10);
+    r.tool_names = names;
+    for (const std::string& k : keys) {  // one parameter each, or none
+      r.tool_schemas.push_back(
+          k.empty() ? ToolArgsSchema{}
+                    : *ToolArgsSchema::from_json_schema(R"({"properties": {")" + k + R"(": {}, "zz": {}}})"));
+    }
+    r.tool_name_first = true;
+    r.tool_name_selection = sel;
+    return r;
+  }
+
+  // The offered name the output starts with ("" if none).
+  static std::string name_written(const Tokenizer& tok, const std::vector<int32_t>& out,
+                                  const std::vector<std::string>& names) {
+    std::string bytes;
+    for (int32_t id : out) bytes += tok.token_bytes(id).value_or("");
+    const size_t nl = bytes.find('\n');
+    if (nl == std::string::npos) return "";
+    const std::string name = bytes.substr(0, nl);
+    return std::find(names.begin(), names.end(), name) != names.end() ? name : "";
+  }
+};
+
+TEST_F(WholeNameTest, TheReplyStartsWithTheLikeliestWholeName) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const int32_t sep = m->tokenizer().chat_tokens().tool_sep;
+  ASSERT_TRUE(sep >= 0 && sep < m->config().vocab_size);
+  const std::vector<std::string> names = {"get_weather", "getWeatherNow", "files_read_text", "query", "x9"};
+  const std::vector<std::string> keys = {"city", "city", "path", "", "sql_text"};  // first parameters
+  int differs = 0;  // prompts where token-by-token selection wrote another name
+  for (int spec = 0; spec < 2; ++spec) {
+    EngineOptions eo;
+    eo.max_running = 4;
+    eo.prefill_chunk = 64;
+    eo.kv_cache_bytes = 8 << 20;
+    eo.speculative = spec == 1;
+    auto engine = Engine::create(*m, eo);
+    ASSERT_TRUE(engine.ok());
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      std::vector<int32_t> p = prompt(20 + static_cast<int>(seed) * 13, 100 + seed);
+      p.push_back(sep);
+      // All at once, so the scoring forks run beside other sequences' decode steps.
+      auto whole = (*engine)->submit(name_request(p, names, ToolNameSelection::kWhole, keys));
+      auto tokens = (*engine)->submit(name_request(p, names, ToolNameSelection::kTokens));
+      auto plain = (*engine)->submit(greedy_request(prompt(50, seed), 20));
+      ASSERT_TRUE(whole.ok() && tokens.ok() && plain.ok());
+      const Outcome w = drain(*whole), t = drain(*tokens);
+      (void)drain(*plain);
+      const std::vector<double> sc = scores(*m, p, names, keys);
+      const std::string got = name_written(m->tokenizer(), w.tokens, names);
+      ASSERT_FALSE(got.empty()) << "no offered name in the output, prompt " << seed;
+      const size_t best = static_cast<size_t>(std::max_element(sc.begin(), sc.end()) - sc.begin());
+      const size_t at = static_cast<size_t>(std::find(names.begin(), names.end(), got) - names.begin());
+      // Batched and solo numerics differ by ~1e-2 per logit: a near-tie may go either way.
+      EXPECT_GE(sc[at], sc[best] - 0.1) << "prompt " << seed << " chose " << got << " (" << sc[at]
+                                        << "), best " << names[best] << " (" << sc[best] << ")";
+      const Head h = spell(m->tokenizer(), got, keys[at]);  // the name is emitted as the head spells it
+      EXPECT_EQ(std::vector<int32_t>(w.tokens.begin(), w.tokens.begin() + static_cast<int64_t>(h.n_name)),
+                std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + static_cast<int64_t>(h.n_name)));
+      EXPECT_EQ(w.tokens.size(), 10u);
+      const std::string by_tokens = name_written(m->tokenizer(), t.tokens, names);
+      EXPECT_FALSE(by_tokens.empty()) << "token by token, prompt " << seed;
+      if (by_tokens != got) ++differs;
+    }
+    EngineMetrics em;
+    for (int i = 0; i < 100; ++i) {  // metrics are published at the end of the step
+      em = (*engine)->metrics();
+      if (em.tool_names_scored + em.tool_names_unscored >= 6) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(em.tool_names_scored, 6);
+    EXPECT_EQ(em.tool_names_unscored, 0);
+  }
+  std::printf("token-by-token selection wrote another name on %d of 12 prompts\n", differs);
+  EXPECT_GT(differs, 0) << "the two selections never differ: is whole-name scoring on?";
+}
+
+TEST_F(WholeNameTest, WithoutPagesForTheForksTheNameIsChosenTokenByToken) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const int32_t sep = m->tokenizer().chat_tokens().tool_sep;
+  // Three pages: two for the 101-token prompt and the 10 tokens after it, one that the first fork
+  // takes to copy the shared last page into; the second fork finds none.
+  const KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 1);
+  const uint64_t page_bytes = static_cast<uint64_t>(ko.format.page_bytes()) * m->config().num_hidden_layers;
+  EngineOptions eo;
+  eo.max_running = 2;
+  eo.prefill_chunk = 64;
+  eo.speculative = false;
+  eo.kv_cache_bytes = 3 * page_bytes;  // speculation off: no MTP layer in the cache
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok());
+  std::vector<int32_t> p = prompt(100, 7);
+  p.push_back(sep);
+  const std::vector<std::string> names = {"alpha_beta", "gamma", "deltaEpsilon"};
+  GenerationRequest r = name_request(p, names, ToolNameSelection::kWhole);
+  r.max_tokens = 24;  // random weights under the mask may spell a name a byte at a time
+  const Outcome o = drain(*(*engine)->submit(std::move(r)));
+  EXPECT_FALSE(name_written(m->tokenizer(), o.tokens, names).empty()) << o.text;
+  EXPECT_EQ(o.finish, FinishReason::kLength);
+  EngineMetrics em;
+  for (int i = 0; i < 100; ++i) {  // metrics are published at the end of the step
+    em = (*engine)->metrics();
+    if (em.kv.pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(em.kv.pages_used, 0) << "a fork kept its page";
+  EXPECT_EQ(em.kv.pages_total, 3);
+  EXPECT_EQ(em.tool_names_unscored, 1);
+  EXPECT_EQ(em.tool_names_scored, 0);
 }
 
 TEST_F(EngineTest, PrefixCacheSkipsSharedPagesAndKeepsOutputs) {

@@ -57,15 +57,6 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
   const size_t V = static_cast<size_t>(vocab_);
   float* w = work_.data();
   std::copy(logits, logits + V, w);
-  SampleResult r;
-  // Log-probabilities of the model's own distribution.
-  double lse = 0;
-  if (params_.logprobs || params_.top_logprobs > 0) {
-    const float mx = *std::max_element(logits, logits + V);
-    double sum = 0;
-    for (size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-    lse = static_cast<double>(mx) + std::log(sum);
-  }
   // Penalties.
   for (int32_t t : seen_) {
     float& v = w[static_cast<size_t>(t)];
@@ -134,22 +125,50 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
       }
     }
   }
-  r.token = chosen;
-  if (params_.logprobs || params_.top_logprobs > 0) {
-    r.logprob = static_cast<float>(static_cast<double>(logits[chosen]) - lse);
-    if (params_.top_logprobs > 0) {
-      std::vector<int32_t>& best = best_;
-      std::iota(best.begin(), best.end(), 0);
-      const size_t k = std::min<size_t>(static_cast<size_t>(params_.top_logprobs), V);
-      std::partial_sort(best.begin(), best.begin() + static_cast<int64_t>(k), best.end(), [&](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-      });
-      for (size_t i = 0; i < k; ++i) {
-        r.top.push_back({best[i], static_cast<float>(static_cast<double>(logits[best[i]]) - lse)});
-      }
+  return report(logits, chosen);
+}
+
+SampleResult Sampler::report(const float* logits, int32_t token) {
+  SampleResult r;
+  r.token = token;
+  if (!params_.logprobs && params_.top_logprobs == 0) return r;
+  // Log-probabilities of the model's own distribution.
+  const size_t V = static_cast<size_t>(vocab_);
+  const float mx = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const double lse = static_cast<double>(mx) + std::log(sum);
+  r.logprob = static_cast<float>(static_cast<double>(logits[token]) - lse);
+  if (params_.top_logprobs > 0) {
+    std::vector<int32_t>& best = best_;
+    std::iota(best.begin(), best.end(), 0);
+    const size_t k = std::min<size_t>(static_cast<size_t>(params_.top_logprobs), V);
+    std::partial_sort(
+        best.begin(), best.begin() + static_cast<int64_t>(k), best.end(),
+        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (size_t i = 0; i < k; ++i) {
+      r.top.push_back({best[i], static_cast<float>(static_cast<double>(logits[best[i]]) - lse)});
     }
   }
   return r;
+}
+
+size_t Sampler::choose(std::span<const double> scores) {
+  size_t best = 0;
+  for (size_t i = 1; i < scores.size(); ++i) {
+    if (scores[i] > scores[best]) best = i;
+  }
+  if (params_.temperature <= 0 || scores.size() < 2) return best;
+  const double t = params_.temperature;
+  std::vector<double> p(scores.size());
+  double sum = 0;
+  for (size_t i = 0; i < scores.size(); ++i) sum += p[i] = std::exp((scores[i] - scores[best]) / t);
+  double u = rng_.uniform() * sum;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (u < p[i]) return i;
+    u -= p[i];
+  }
+  return best;  // rounding left u at the very end
 }
 
 }  // namespace fathom

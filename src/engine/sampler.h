@@ -56,6 +56,14 @@ class Sampler {
   // Picks the next token from logits[vocab] (not modified). `allowed`, when given, is a bitmask
   // over the vocabulary (bit t set: token t may be chosen); if it allows nothing, kNotFound.
   Result<SampleResult> sample(const float* logits, const uint64_t* allowed = nullptr);
+  // Picks one of several options (whole continuations) scored by their total log-probability
+  // under the model: the best at temperature 0 (the first on ties), otherwise a draw from
+  // softmax(scores / temperature) with this request's RNG. The token-level knobs (top-k/p,
+  // min-p, penalties) do not apply to whole options. `scores` must not be empty.
+  size_t choose(std::span<const double> scores);
+  // What sample() would report had it drawn `token` from logits[vocab]: the token, and its
+  // log-probability and top alternatives when the request asked for them.
+  SampleResult report(const float* logits, int32_t token);
 
   const SamplingParams& params() const { return params_; }
 

@@ -26,6 +26,34 @@ TEST(Sampler, GreedyPicksTheArgmaxAndReportsLogprobs) {
   EXPECT_EQ(r->top[1].token, 3);
 }
 
+TEST(Sampler, ChooseTakesTheBestOptionOrDrawsFromTheSoftmaxOfTheScores) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler g(greedy, 8);
+  const double scores[4] = {-3.0, -0.5, -0.5, -7.0};
+  EXPECT_EQ(g.choose(scores), 1u) << "the first of tied best options";
+  const double one[1] = {-40.0};
+  EXPECT_EQ(g.choose(one), 0u);
+  for (const float t : {1.0f, 0.5f}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = 1;  // token-level filters do not apply to whole options
+    p.seed = 11;
+    Sampler s(p, 8);
+    const double sc[3] = {-1.0, -1.7, -2.5};
+    double z = 0, expect[3];
+    for (int i = 0; i < 3; ++i) z += expect[i] = std::exp(sc[i] / t);
+    int counts[3] = {0, 0, 0};
+    const int n = 20000;
+    for (int k = 0; k < n; ++k) ++counts[s.choose(sc)];
+    for (int i = 0; i < 3; ++i) {
+      const double pi = expect[i] / z;
+      EXPECT_NEAR(counts[i] / double(n), pi, 4 * std::sqrt(pi * (1 - pi) / n) + 1e-3)
+          << "option " << i << ", T " << t;
+    }
+  }
+}
+
 TEST(Sampler, SameSeedSameTokensAndMatchesTheDistribution) {
   SamplingParams p;
   p.temperature = 0.7f;

@@ -58,6 +58,13 @@ void ToolNameState::start_args(std::string_view name, std::span<const std::strin
   (void)args.feed(ToolArgsMatcher::kFence);
 }
 
+void ToolNameState::start_name() {
+  active = true;
+  prefix.clear();
+  args_active = false;
+  end_pending = false;
+}
+
 void ToolNameState::feed_args(std::string_view bytes) {
   for (char c : bytes) {
     if (!args.feed(static_cast<uint8_t>(c))) {

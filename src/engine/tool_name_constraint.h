@@ -47,6 +47,9 @@ struct ToolNameState {
   // (tool_choice naming a function: the server's forced prefix ends with "```json\n").
   void start_args(std::string_view name, std::span<const std::string> names,
                   std::span<const ToolArgsSchema> schemas);
+  // The reply starts with a call's name: the prompt already ends with <｜tool▁sep｜> (the server's
+  // forced prefix for tool_choice "required").
+  void start_name();
 
  private:
   void feed_args(std::string_view bytes);

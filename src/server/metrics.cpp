@@ -51,6 +51,11 @@ std::string Server::Impl::metrics_text() {
   counter("fathom_engine_steps_total", "Engine steps (forward calls).", m.steps);
   counter("fathom_spec_decode_draft_tokens_total", "MTP draft tokens verified.", m.spec_drafted);
   counter("fathom_spec_decode_accepted_tokens_total", "MTP draft tokens accepted.", m.spec_accepted);
+  counter("fathom_tool_names_scored_total", "Tool-call names chosen by whole-name scoring.",
+          m.tool_names_scored);
+  counter("fathom_tool_names_unscored_total",
+          "Tool-call names chosen token by token because whole-name scoring found no KV pages.",
+          m.tool_names_unscored);
   gauge("fathom_spec_decode_acceptance_ratio", "Accepted / drafted MTP tokens.",
         m.spec_drafted ? static_cast<double>(m.spec_accepted) / static_cast<double>(m.spec_drafted) : 0.0);
   gauge("fathom_num_requests_running", "Sequences in the running batch.", static_cast<double>(m.running));

@@ -446,11 +446,11 @@ Result<std::vector<int32_t>> ChatPromptBuilder::build(const ChatRequest& req) co
   }
   std::string text = TRY(tmpl.render(msgs, with_tools ? std::span<const ToolDefinition>(req.tools)
                                                       : std::span<const ToolDefinition>()));
-  // Forced tool calls: the reply starts inside a call (named) or inside the calls block.
+  // Forced tool calls: the reply starts inside a call's arguments (named) or at its name (required).
   if (with_tools && req.tool_choice == ToolChoice::kNamed) {
     text += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + req.tool_choice_name + "\n```json\n";
   } else if (with_tools && req.tool_choice == ToolChoice::kRequired) {
-    text += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+    text += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>";
   }
   // 2. Split: control-token strings in template text become their tokens; every other run of
   //    text (template text and user values alike) is encoded as untrusted plain text.

@@ -138,7 +138,7 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   if (ctx.tools_active && cr.tool_choice == ToolChoice::kNamed) {
     ctx.forced_prefix = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + cr.tool_choice_name + "\n```json\n";
   } else if (ctx.tools_active && cr.tool_choice == ToolChoice::kRequired) {
-    ctx.forced_prefix = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+    ctx.forced_prefix = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>";
   }
   GenerationRequest gen = std::move(cr.gen);
   gen.prompt = std::move(*prompt);
@@ -154,6 +154,8 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
       }
       if (cr.tool_choice == ToolChoice::kNamed)
         gen.tool_args_of = cr.tool_choice_name;  // prefix ends at the fence
+      gen.tool_name_selection = options.tool_name_selection;
+      gen.tool_name_first = cr.tool_choice == ToolChoice::kRequired;  // prefix ends at <｜tool▁sep｜>
     }
   }
   if (options.enable_test_hooks) {

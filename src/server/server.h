@@ -32,6 +32,8 @@ struct ServerOptions {
   // With tools active, a call's name is decoded constrained to the offered tools' names
   // (engine/tool_name_constraint.h); false lets the model write any name (to measure it unaided).
   bool constrain_tool_names = true;
+  // How the constrained name is picked among two or more offered tools (engine.h).
+  ToolNameSelection tool_name_selection = ToolNameSelection::kWhole;
   // Testing only: honour a request field "fathom_test_output" (text the model is made to emit,
   // special tokens included) so tool-call round trips can be tested with random weights.
   bool enable_test_hooks = false;

@@ -111,6 +111,28 @@ def named_call(url):
         assert all(isinstance(v, str) for v in args.values()), args
 
 
+def required_call(url):
+    """tool_choice "required": the prompt ends at <｜tool▁sep｜>, so the reply starts with the name,
+    picked among the offered tools by whole-name scoring (the server's default), even for a
+    request that needs no tool."""
+    for text in ["Hello! Who are you?", "Find milk"]:
+        choice = chat(url, {"messages": [{"role": "user", "content": text}], "tools": FILE_TOOLS,
+                            "tool_choice": "required"})
+        calls = choice["message"].get("tool_calls") or []
+        print(f"required {text!r} -> {[(c['function']['name'], c['function']['arguments']) for c in calls]}")
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert calls and calls[0]["function"]["name"] in {t["function"]["name"] for t in FILE_TOOLS}, choice
+        assert isinstance(json.loads(calls[0]["function"]["arguments"]), dict), choice
+
+
+def scored_names(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("fathom_tool_names_scored_total "):
+                return float(line.split()[1])
+    raise AssertionError("no fathom_tool_names_scored_total in /metrics")
+
+
 def main():
     names = build_names()
     r = random.Random(20261130)
@@ -123,6 +145,10 @@ def main():
         assert right >= MIN_RIGHT, (right, MIN_RIGHT)
         file_calls(url)
         named_call(url)
+        required_call(url)
+        # Every call among two or more offered tools was scored whole (none fell back).
+        multi = sum(len(q["tools"]) >= 2 for q in requests)
+        assert scored_names(url) >= multi, (scored_names(url), multi)
         hello = chat(url, {"messages": [{"role": "user", "content": "Hello! Who are you?"}]})
         print("hello ->", hello["message"]["content"])
         assert hello["finish_reason"] == "stop" and hello["message"]["content"].strip(), hello
