@@ -120,6 +120,16 @@ class EngineTest : public testing::Test {
     }
   }
 
+  // Four sequences, 64-token prefill chunks, 8 MiB of cache.
+  static EngineOptions small_engine(bool speculative) {
+    EngineOptions eo;
+    eo.max_running = 4;
+    eo.prefill_chunk = 64;
+    eo.kv_cache_bytes = 8 << 20;
+    eo.speculative = speculative;
+    return eo;
+  }
+
   static GenerationRequest greedy_request(std::vector<int32_t> p, int64_t max_tokens) {
     GenerationRequest r;
     r.prompt = std::move(p);
@@ -169,12 +179,7 @@ TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
   const auto p = prompt(40, 5);
   std::vector<int32_t> outs[2];
   for (int spec = 0; spec < 2; ++spec) {
-    EngineOptions eo;
-    eo.max_running = 4;
-    eo.prefill_chunk = 64;
-    eo.kv_cache_bytes = 8 << 20;
-    eo.speculative = spec == 1;
-    auto engine = Engine::create(*m, eo);
+    auto engine = Engine::create(*m, small_engine(spec == 1));
     ASSERT_TRUE(engine.ok());
     outs[spec] = drain(*(*engine)->submit(greedy_request(p, 40))).tokens;
     if (spec) {
@@ -276,12 +281,7 @@ TEST_F(WholeNameTest, TheReplyStartsWithTheLikeliestWholeName) {
   const std::vector<std::string> keys = {"city", "city", "path", "", "sql_text"};  // first parameters
   int differs = 0;  // prompts where token-by-token selection wrote another name
   for (int spec = 0; spec < 2; ++spec) {
-    EngineOptions eo;
-    eo.max_running = 4;
-    eo.prefill_chunk = 64;
-    eo.kv_cache_bytes = 8 << 20;
-    eo.speculative = spec == 1;
-    auto engine = Engine::create(*m, eo);
+    auto engine = Engine::create(*m, small_engine(spec == 1));
     ASSERT_TRUE(engine.ok());
     for (uint64_t seed = 1; seed <= 6; ++seed) {
       std::vector<int32_t> p = prompt(20 + static_cast<int>(seed) * 13, 100 + seed);
