@@ -3,10 +3,14 @@
 # repository and Debian packages: the corpus and tokenizer, about an hour of training on 2 cores,
 # the BF16 export, and the evaluation against a local `fathom serve`.
 #   scripts/train-default.sh [WORK_DIR]        (default build/default-model)
-# Environment: MINUTES (training time budget, default 46), STEPS (default 2800), OUT (export
-# directory, default models/fathom-tiny), FATHOM (the binary, default build/bin/fathom).
-# The committed model came from exactly these settings (seed 1); a rerun on another machine gets
-# a different number of steps done within the time budget, so its weights differ.
+# Environment: MINUTES (stage 1 time budget, default 46), STEPS (default 2800), MINUTES2 and STEPS2
+# (stage 2: defaults 42 and 2000), OUT (export directory, default models/fathom-tiny), FATHOM (the
+# binary, default build/bin/fathom).
+# Two stages: 2800 steps from scratch (lr 3e-3 -> 3e-4), then 2000 more from the stage-1 export
+# with a fresh optimizer (lr 1e-3 -> 1e-4, seed 2). The committed model's stage 1 is the previous
+# default model, trained 2026-11-29 on the corpus as built then (whose tokenizer differs from
+# today's build); its stage 2 ran on today's build, so a rerun of this script gives the same recipe,
+# not the same weights (nor does a machine that gets a different number of steps done in time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/default-model}
@@ -14,6 +18,8 @@ fathom=${FATHOM:-build/bin/fathom}
 out=${OUT:-models/fathom-tiny}
 minutes=${MINUTES:-46}
 steps=${STEPS:-2800}
+minutes2=${MINUTES2:-42}
+steps2=${STEPS2:-2000}
 port=${PORT:-8765}
 [[ -x "$fathom" ]] || { echo "$0: $fathom is not built (make build)" >&2; exit 1; }
 mkdir -p "$work"
@@ -22,9 +28,15 @@ FATHOM="$fathom" scripts/corpus/build.sh "$work/data" --seed 1
 "$fathom" train --data "$work/data" --preset tiny --layers 4 --mtp --seq-len 512 --batch 4 \
   --steps "$steps" --warmup 100 --lr 3e-3 --min-lr 3e-4 --eval-every 100 --eval-batches 8 \
   --save-every 100 --time-budget "$minutes" --seed 1 --out "$work/run"
-rm -rf "$out"
-"$fathom" export --run "$work/run" --out "$out" --format hf --dtype bf16
+rm -rf "$work/stage1"
+"$fathom" export --run "$work/run" --out "$work/stage1" --format hf --dtype bf16
 cp "$work/run/loss.svg" docs/model-loss.svg
+"$fathom" train --data "$work/data" --init-from "$work/stage1" --preset tiny --layers 4 --mtp --seq-len 512 \
+  --batch 4 --steps "$steps2" --warmup 50 --lr 1e-3 --min-lr 1e-4 --eval-every 100 --eval-batches 8 \
+  --save-every 100 --time-budget "$minutes2" --seed 2 --out "$work/run2"
+rm -rf "$out"
+"$fathom" export --run "$work/run2" --out "$out" --format hf --dtype bf16
+cp "$work/run2/loss.svg" docs/model-loss-stage2.svg
 
 "$fathom" eval unigram --data "$work/data"
 # serve [OPTIONS...]: the exported model on $port, in the background ($server), once it answers.
