@@ -48,11 +48,13 @@ struct Agent::Impl {
     if (options.on_notice) options.on_notice(s);
   }
 
-  json tool_specs() const {
-    json tools = json::array();
+  // Ordered, so each tool's parameters reach the server in the plugin's order.
+  nlohmann::ordered_json tool_specs() const {
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
     for (const auto& t : host->tools()) {
-      json params =
-          t.input_schema.is_object() && !t.input_schema.empty() ? t.input_schema : json{{"type", "object"}};
+      nlohmann::ordered_json params = t.input_schema.is_object() && !t.input_schema.empty()
+                                          ? t.input_schema
+                                          : nlohmann::ordered_json{{"type", "object"}};
       tools.push_back(
           {{"type", "function"},
            {"function",
@@ -61,14 +63,14 @@ struct Agent::Impl {
     return tools;
   }
 
-  int64_t estimate_tokens(const json& tools) const {
+  int64_t estimate_tokens(const nlohmann::ordered_json& tools) const {
     return static_cast<int64_t>(static_cast<double>(messages.dump().size() + tools.dump().size()) /
                                 chars_per_token);
   }
 
   // Keeps the conversation under the window: older tool outputs are cut to head and tail first,
   // then the oldest whole turns are dropped. Every decision is logged and recorded.
-  void fit_context(const json& tools, int step, AgentResult& result) {
+  void fit_context(const nlohmann::ordered_json& tools, int step, AgentResult& result) {
     const int64_t budget = options.context_tokens - options.reserve_tokens;
     if (estimate_tokens(tools) <= budget) return;
     size_t last_assistant = 0;
@@ -249,7 +251,7 @@ Result<AgentResult> Agent::run(const std::string& task) {
       break;
     }
     const int step = ++result.steps;
-    const json tools = s.tool_specs();
+    const nlohmann::ordered_json tools = s.tool_specs();
     s.fit_context(tools, step, result);
     if (s.trajectory)
       s.trajectory->write(

@@ -259,7 +259,7 @@ ToolOutput apply_patch(const Workspace& ws, const FilesPluginOptions& o, const j
   return ToolOutput{.text = summary};
 }
 
-json schema(json props, std::vector<std::string> required) {
+nlohmann::ordered_json schema(nlohmann::ordered_json props, std::vector<std::string> required) {
   return {{"type", "object"},
           {"properties", std::move(props)},
           {"required", required},

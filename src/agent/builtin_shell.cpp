@@ -57,13 +57,14 @@ ToolOutput run_shell(const ShellPluginOptions& o, const json& a, ToolContext& ct
 }  // namespace
 
 std::vector<ServerTool> shell_tools(const ShellPluginOptions& o) {
-  json schema = {{"type", "object"},
-                 {"properties",
-                  {{"command", {{"type", "string"}, {"description", "a /bin/sh command line"}}},
-                   {"timeout_s", {{"type", "number"}, {"minimum", 0}}},
-                   {"cwd", {{"type", "string"}, {"description", "directory inside the workspace"}}}}},
-                 {"required", {"command"}},
-                 {"additionalProperties", false}};
+  nlohmann::ordered_json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"command", {{"type", "string"}, {"description", "a /bin/sh command line"}}},
+        {"timeout_s", {{"type", "number"}, {"minimum", 0}}},
+        {"cwd", {{"type", "string"}, {"description", "directory inside the workspace"}}}}},
+      {"required", {"command"}},
+      {"additionalProperties", false}};
   return {
       {"run",
        fmt::format("Run a shell command in the workspace {} (sandboxed; timeout {} s, output cap {} bytes). "

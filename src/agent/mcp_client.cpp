@@ -51,6 +51,7 @@ namespace {
 
 struct Pending {
   std::optional<Result<json>> result;
+  std::string raw;  // the response line
   ProgressFn on_progress;
   std::condition_variable cv;
   bool progressed = false;
@@ -156,7 +157,7 @@ struct McpClient::Impl {
     }  // other notifications (resources, prompts) are not used by the agent
   }
 
-  void handle_response(const json& msg) {
+  void handle_response(const json& msg, std::string_view line) {
     const json& id = msg["id"];
     if (!id.is_number_integer())
       return protocol_error("response with an id we never sent: " + excerpt(id.dump()));
@@ -173,6 +174,7 @@ struct McpClient::Impl {
                          fmt::format("plugin '{}' returned JSON-RPC error {}: {}", options.name, code, text));
     } else {
       p->result = msg["result"];
+      p->raw = std::string(line);
     }
     p->cv.notify_all();
   }
@@ -196,7 +198,7 @@ struct McpClient::Impl {
     const bool has_id = msg.contains("id") && !msg["id"].is_null();
     if (has_method && has_id) return handle_server_request(msg);
     if (has_method) return handle_notification(msg);
-    if (has_id && (msg.contains("result") || msg.contains("error"))) return handle_response(msg);
+    if (has_id && (msg.contains("result") || msg.contains("error"))) return handle_response(msg, line);
     protocol_error("message is neither request, notification nor response: " + excerpt(line));
   }
 
@@ -317,7 +319,8 @@ Result<std::unique_ptr<McpClient>> McpClient::start(const std::vector<std::strin
 }
 
 Result<json> McpClient::request(const std::string& method, json params, int timeout_ms,
-                                const ProgressFn& on_progress, const std::atomic<bool>* cancel) {
+                                const ProgressFn& on_progress, const std::atomic<bool>* cancel,
+                                std::string* raw) {
   auto p = std::make_shared<Pending>();
   p->on_progress = on_progress;
   int64_t id;
@@ -358,7 +361,10 @@ Result<json> McpClient::request(const std::string& method, json params, int time
       give_up = fmt::format("timed out after {} ms", timeout_ms);
     if (!give_up.empty()) break;
   }
-  if (p->result) return std::move(*p->result);
+  if (p->result) {
+    if (raw != nullptr) *raw = std::move(p->raw);
+    return std::move(*p->result);
+  }
   impl_->pending.erase(id);
   lock.unlock();
   (void)notify("notifications/cancelled", {{"requestId", id}, {"reason", give_up}});
@@ -379,16 +385,33 @@ Result<std::vector<McpTool>> McpClient::list_tools(int timeout_ms) {
   for (int page = 0; page < 1000; ++page) {
     json params = json::object();
     if (!cursor.is_null()) params["cursor"] = cursor;
-    json r = TRY(request("tools/list", params, timeout_ms));
+    std::string raw;
+    json r = TRY(request("tools/list", params, timeout_ms, {}, nullptr, &raw));
     if (!r.is_object() || !r.contains("tools") || !r["tools"].is_array())
       return corrupt("plugin '{}': tools/list result has no 'tools' array", impl_->options.name);
-    for (const auto& t : r["tools"]) {
+    // The same line with its key order kept, for the input schemas (`r` is sorted).
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw, nullptr, false);
+    const nlohmann::ordered_json* ordered_tools =
+        ordered.is_object() && ordered.contains("result") && ordered["result"].contains("tools") &&
+                ordered["result"]["tools"].is_array() &&
+                ordered["result"]["tools"].size() == r["tools"].size()
+            ? &ordered["result"]["tools"]
+            : nullptr;
+    for (size_t i = 0; i < r["tools"].size(); ++i) {
+      const json& t = r["tools"][i];
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
         return corrupt("plugin '{}': tools/list entry without a name: {}", impl_->options.name,
                        excerpt(t.dump()));
       McpTool tool{.name = t["name"]};
       if (t.contains("description") && t["description"].is_string()) tool.description = t["description"];
-      if (t.contains("inputSchema") && t["inputSchema"].is_object()) tool.input_schema = t["inputSchema"];
+      if (t.contains("inputSchema") && t["inputSchema"].is_object()) {
+        const nlohmann::ordered_json* o = ordered_tools != nullptr ? &(*ordered_tools)[i] : nullptr;
+        if (o != nullptr && o->is_object() && o->contains("inputSchema")) {
+          tool.input_schema = (*o)["inputSchema"];
+        } else {
+          tool.input_schema = t["inputSchema"];
+        }
+      }
       tools.push_back(std::move(tool));
     }
     if (!r.contains("nextCursor") || r["nextCursor"].is_null()) return tools;

@@ -34,7 +34,8 @@ const std::vector<std::string>& mcp_supported_versions();
 struct McpTool {
   std::string name;
   std::string description;
-  json input_schema = json::object();
+  // Ordered: the properties in the order the server declared them (a model sees them so).
+  nlohmann::ordered_json input_schema = nlohmann::ordered_json::object();
 };
 
 struct McpToolResult {
@@ -68,8 +69,10 @@ class McpClient {
 
   // One JSON-RPC request. timeout_ms <= 0: no timeout. cancel (optional) is polled; when it turns
   // true the request is cancelled with notifications/cancelled.
+  // raw (optional): the response's line as received, for a caller that needs its key order.
   Result<json> request(const std::string& method, json params, int timeout_ms,
-                       const ProgressFn& on_progress = {}, const std::atomic<bool>* cancel = nullptr);
+                       const ProgressFn& on_progress = {}, const std::atomic<bool>* cancel = nullptr,
+                       std::string* raw = nullptr);
   Status notify(const std::string& method, json params);
 
   Result<std::vector<McpTool>> list_tools(int timeout_ms = 20000);

@@ -31,8 +31,9 @@ struct McpServer::Impl {
   int running = 0;
   bool initialized = false;
 
-  void send(const json& msg) {
-    std::string line = msg.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  template <class Json = json>  // ordered_json for tools/list
+  void send(const Json& msg) {
+    std::string line = msg.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
     std::lock_guard<std::mutex> lock(out_mu);
     (void)write_all(1, line.data(), line.size(), "stdout");
   }
@@ -43,7 +44,7 @@ struct McpServer::Impl {
     send({{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}});
   }
 
-  json tool_json(const ServerTool& t) {
+  nlohmann::ordered_json tool_json(const ServerTool& t) {
     return {{"name", t.name}, {"description", t.description}, {"inputSchema", t.input_schema}};
   }
 
@@ -58,11 +59,11 @@ struct McpServer::Impl {
       start = *parsed;
     }
     const size_t n = options.page_size > 0 ? static_cast<size_t>(options.page_size) : tools.size();
-    json list = json::array();
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (size_t i = start; i < tools.size() && i < start + n; ++i) list.push_back(tool_json(tools[i]));
-    json result = {{"tools", list}};
+    nlohmann::ordered_json result = {{"tools", list}};
     if (start + n < tools.size()) result["nextCursor"] = std::to_string(start + n);
-    reply(id, result);
+    send(nlohmann::ordered_json{{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}});
   }
 
   void call_tool(const json& id, const json& params) {
@@ -179,7 +180,7 @@ void McpServer::set_tools(std::vector<ServerTool> tools) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->tools = std::move(tools);
   }
-  impl_->send({{"jsonrpc", "2.0"}, {"method", "notifications/tools/list_changed"}});
+  impl_->send(json{{"jsonrpc", "2.0"}, {"method", "notifications/tools/list_changed"}});
 }
 
 int McpServer::serve() {

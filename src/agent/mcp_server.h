@@ -37,7 +37,9 @@ struct ToolOutput {
 struct ServerTool {
   std::string name;
   std::string description;
-  nlohmann::json input_schema;
+  // Ordered: tools/list sends the properties in the order they are declared here, which is the
+  // order a model sees them in (and the first one starts the call head a server may score).
+  nlohmann::ordered_json input_schema;
   std::function<ToolOutput(const nlohmann::json& args, ToolContext& ctx)> run;
 };
 

@@ -54,7 +54,7 @@ struct ToolEntry {
   std::string plugin;
   std::string tool;  // the plugin's own name for it
   std::string description;
-  nlohmann::json input_schema;
+  nlohmann::ordered_json input_schema;  // as the plugin declared it (key order kept)
   std::string permission;  // the plugin's default decision for this tool (allow|ask|deny)
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <map>
 #include <thread>
 
 #include "agent/command_runner.h"
@@ -235,6 +236,25 @@ TEST_F(Plugins, ClientPaginatesReportsProgressCancelsAndPings) {
   ASSERT_FALSE(timed_out.ok());
   EXPECT_EQ(timed_out.status().code(), StatusCode::kTimeout);
   EXPECT_TRUE((*c)->ping().ok());
+}
+
+// Tool schemas keep the order their server declared the properties in, through tools/list and the
+// client (a model sees them in that order, and the first one starts the call head a server may
+// score): the files plugin declares write_file's path before content, search's pattern first.
+TEST_F(Plugins, ToolSchemasKeepTheirDeclaredPropertyOrder) {
+  const std::string ws = make_temp_dir("order");
+  auto c = McpClient::start({fathom_bin(), "mcp", "files", "--workspace", ws}, environment_subset({"PATH"}),
+                            ws, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto tools = (*c)->list_tools();
+  ASSERT_TRUE(tools.ok()) << tools.status().to_string();
+  std::map<std::string, std::vector<std::string>> order;
+  for (const McpTool& t : *tools) {
+    for (const auto& [key, value] : t.input_schema["properties"].items()) order[t.name].push_back(key);
+  }
+  EXPECT_EQ(order["write_file"], (std::vector<std::string>{"path", "content"}));
+  EXPECT_EQ(order["search"], (std::vector<std::string>{"pattern", "path", "regex", "max_results"}));
+  EXPECT_EQ(order["read_file"], (std::vector<std::string>{"path", "start_line", "end_line"}));
 }
 
 TEST_F(Plugins, BuiltinServerSurvivesMalformedRequests) {
