@@ -51,7 +51,8 @@ namespace {
 
 struct Pending {
   std::optional<Result<json>> result;
-  std::string raw;  // the response line
+  bool want_raw = false;  // keep the response line (McpClient::request's raw)
+  std::string raw;
   ProgressFn on_progress;
   std::condition_variable cv;
   bool progressed = false;
@@ -174,7 +175,7 @@ struct McpClient::Impl {
                          fmt::format("plugin '{}' returned JSON-RPC error {}: {}", options.name, code, text));
     } else {
       p->result = msg["result"];
-      p->raw = std::string(line);
+      if (p->want_raw) p->raw = std::string(line);
     }
     p->cv.notify_all();
   }
@@ -323,6 +324,7 @@ Result<json> McpClient::request(const std::string& method, json params, int time
                                 std::string* raw) {
   auto p = std::make_shared<Pending>();
   p->on_progress = on_progress;
+  p->want_raw = raw != nullptr;
   int64_t id;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -525,99 +525,72 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
 
 bool Engine::Impl::choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev, bool* alive) {
   const std::vector<CallHead>& heads = s.call_heads;
-  const int64_t V = model->config().vocab_size;
-  // log-softmax of one row at `token`.
-  auto logprob = [V](const float* row, int32_t token) {
-    const float mx = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
-    return static_cast<double>(row[token] - mx) - std::log(sum);
-  };
-  std::vector<double> score(heads.size(), 0.0);
-  for (size_t i = 0; i < heads.size(); ++i) score[i] = logprob(lg, heads[i].tokens[0]);
+  const size_t V = static_cast<size_t>(model->config().vocab_size);
+  std::vector<double> score(heads.size());
+  const double lg_lse = log_sum_exp(lg, V);
+  for (size_t i = 0; i < heads.size(); ++i) score[i] = static_cast<double>(lg[heads[i].tokens[0]]) - lg_lse;
   // Per name, its later tokens as sample() would have reported them (log-probabilities when asked).
   std::vector<std::vector<SampleResult>> reported(heads.size());
   const int64_t T = model->options().max_batch_tokens;
   const int64_t ctx = model->max_context();
   const int max_forks = std::min<int>(kChoiceForks, static_cast<int>(model->options().max_sequences));
   const int64_t pos = s.n_computed;
-  // One fork per tool of a group (as many as the slots and one forward call take): its head's
-  // tokens after the first, appended to the fork, go in one forward call.
-  struct Fork {
-    size_t tool = 0;
-    SeqId seq = -1;
-    int64_t len = 0;  // tokens in the fork's cache
-  };
-  std::vector<Fork> group;
+  // A group of forks (as many as the slots and one forward call take), one per tool: its head's
+  // tokens after the first are appended to the fork and scored in one forward call.
+  std::vector<size_t> tools;  // per fork
   std::vector<SeqBatch> batch;
   std::vector<int32_t> feed;
   auto release = [&] {
-    for (const Fork& f : group) (void)cache->free_sequence(f.seq);
-    group.clear();
-  };
-  // The group's heads; false: they could not be scored.
-  auto run_group = [&]() -> bool {
-    if (group.empty()) return true;
+    for (const SeqBatch& b : batch) (void)cache->free_sequence(b.seq);
+    tools.clear();
     batch.clear();
     feed.clear();
-    for (const Fork& f : group) {
-      const std::vector<int32_t>& ids = heads[f.tool].tokens;
-      batch.push_back(SeqBatch{f.seq, pos, f.len - pos, true});
-      feed.insert(feed.end(), ids.begin(), ids.begin() + (f.len - pos));
-    }
-    if (choice_logits.size() < feed.size() * static_cast<size_t>(V))
-      choice_logits.resize(feed.size() * static_cast<size_t>(V));
+  };
+  // Scores the group and releases it; false: it could not be scored.
+  auto run_group = [&]() -> bool {
+    if (batch.empty()) return true;
+    if (choice_logits.size() < feed.size() * V) choice_logits.resize(feed.size() * V);
     auto fr = model->forward(batch, feed, *cache, choice_logits.data(), nullptr);
-    if (!fr.ok()) {
-      log_warn("scoring tool calls failed ({}); choosing token by token", fr.status().to_string());
-      return false;
-    }
-    int64_t row = 0;
-    for (const Fork& f : group) {
-      const CallHead& h = heads[f.tool];
-      for (int64_t j = 0; j < f.len - pos; ++j, ++row) {
-        const float* r = choice_logits.data() + row * V;
-        const int32_t t = h.tokens[static_cast<size_t>(j) + 1];
-        score[f.tool] += logprob(r, t);
-        if (static_cast<size_t>(j) + 1 < h.n_name) reported[f.tool].push_back(s.sampler->report(r, t));
+    if (fr.ok()) {
+      const float* r = choice_logits.data();
+      for (size_t f = 0; f < batch.size(); ++f) {
+        const CallHead& h = heads[tools[f]];
+        for (size_t j = 1; j <= static_cast<size_t>(batch[f].n_new); ++j, r += V) {
+          score[tools[f]] += static_cast<double>(r[h.tokens[j]]) - log_sum_exp(r, V);
+          if (j < h.n_name) reported[tools[f]].push_back(s.sampler->report(r, h.tokens[j]));
+        }
       }
+    } else {
+      log_warn("scoring tool calls failed ({}); choosing token by token", fr.status().to_string());
     }
-    return true;
+    release();
+    return fr.ok();
   };
   for (size_t i = 0; i < heads.size(); ++i) {
-    const CallHead& h = heads[i];
-    const int64_t n = static_cast<int64_t>(h.tokens.size()) - 1;
-    int64_t in_group = 0;
-    for (const Fork& f : group) in_group += f.len - pos;
+    const std::vector<int32_t>& ids = heads[i].tokens;
+    const int64_t n = static_cast<int64_t>(ids.size()) - 1;
     if (n > T || pos + n >= ctx) {
       release();
       return false;
     }
     if (n == 0) continue;  // one token: scored from lg alone
-    if (static_cast<int>(group.size()) == max_forks || in_group + n > T) {
-      const bool ok = run_group();
-      release();
-      if (!ok) return false;
+    if (static_cast<int>(batch.size()) == max_forks || static_cast<int64_t>(feed.size()) + n > T) {
+      if (!run_group()) return false;
     }
-    auto seq = cache->fork(s.cache_seq);
-    if (!seq.ok()) {
+    auto fork = cache->fork(s.cache_seq);
+    if (!fork.ok()) {
       release();
       return false;
     }
-    Fork f;
-    f.tool = i;
-    f.seq = *seq;
-    f.len = pos + n;
-    group.push_back(f);
-    const std::span<const int32_t> rest(h.tokens.data(), static_cast<size_t>(n));
-    if (!cache->append(f.seq, rest).ok()) {  // no pages: score token by token instead
-      release();
+    tools.push_back(i);
+    batch.push_back(SeqBatch{*fork, pos, n, true});
+    feed.insert(feed.end(), ids.begin(), ids.begin() + n);
+    if (!cache->append(*fork, std::span<const int32_t>(ids.data(), static_cast<size_t>(n))).ok()) {
+      release();  // no pages: score token by token instead
       return false;
     }
   }
-  const bool ok = run_group();
-  release();
-  if (!ok) return false;
+  if (!run_group()) return false;
   const size_t pick = s.sampler->choose(score);
   // Emit the name. The next step computes its tokens after the first again (a short prefill that
   // also gives the MTP layer their rows); forks cannot be kept for that.

@@ -236,10 +236,7 @@ class WholeNameTest : public EngineTest {
       double sum = 0;
       for (size_t j = 0; j < ids.size(); ++j) {
         const float* row = logits->data() + static_cast<int64_t>(prompt.size() - 1 + j) * V;
-        const float mx = *std::max_element(row, row + V);
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v] - mx));
-        sum += static_cast<double>(row[ids[j]] - mx) - std::log(z);
+        sum += static_cast<double>(row[ids[j]]) - log_sum_exp(row, static_cast<size_t>(V));
       }
       out.push_back(sum);
     }

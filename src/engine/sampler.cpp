@@ -128,16 +128,20 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
   return report(logits, chosen);
 }
 
+double log_sum_exp(const float* logits, size_t n) {
+  const float mx = *std::max_element(logits, logits + n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  return static_cast<double>(mx) + std::log(sum);
+}
+
 SampleResult Sampler::report(const float* logits, int32_t token) {
   SampleResult r;
   r.token = token;
   if (!params_.logprobs && params_.top_logprobs == 0) return r;
   // Log-probabilities of the model's own distribution.
   const size_t V = static_cast<size_t>(vocab_);
-  const float mx = *std::max_element(logits, logits + V);
-  double sum = 0;
-  for (size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-  const double lse = static_cast<double>(mx) + std::log(sum);
+  const double lse = log_sum_exp(logits, V);
   r.logprob = static_cast<float>(static_cast<double>(logits[token]) - lse);
   if (params_.top_logprobs > 0) {
     std::vector<int32_t>& best = best_;

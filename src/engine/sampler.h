@@ -31,6 +31,9 @@ struct SamplingParams {
   bool logprobs = false;
 };
 
+// log(sum(exp(logits[i]))) over n values, in double: the log-softmax normaliser.
+double log_sum_exp(const float* logits, size_t n);
+
 // An error naming the parameter and its valid range.
 Status validate_sampling(const SamplingParams& p);
 

@@ -148,7 +148,8 @@ def main():
         required_call(url)
         # Every call among two or more offered tools was scored whole (none fell back).
         multi = sum(len(q["tools"]) >= 2 for q in requests)
-        assert scored_names(url) >= multi, (scored_names(url), multi)
+        scored = scored_names(url)
+        assert scored >= multi, (scored, multi)
         hello = chat(url, {"messages": [{"role": "user", "content": "Hello! Who are you?"}]})
         print("hello ->", hello["message"]["content"])
         assert hello["finish_reason"] == "stop" and hello["message"]["content"].strip(), hello
