@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct AgentOptions {
   int64_t tool_timeout_ms = 120000;
   size_t tool_result_max_chars = 100000;
   bool stream = true;
+  std::optional<double> temperature;  // sent with each model request; unset: the server's default
+                                      // (`fathom agent` sends 0 unless --temperature server)
   bool yes = false;                                   // an `ask` decision becomes allow without a terminal
   std::function<void(const std::string&)> on_text;    // streamed model text
   std::function<void(const std::string&)> on_notice;  // progress and decisions (stderr)

@@ -48,21 +48,6 @@ struct Agent::Impl {
     if (options.on_notice) options.on_notice(s);
   }
 
-  // Ordered, so each tool's parameters reach the server in the plugin's order.
-  nlohmann::ordered_json tool_specs() const {
-    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
-    for (const auto& t : host->tools()) {
-      nlohmann::ordered_json params = t.input_schema.is_object() && !t.input_schema.empty()
-                                          ? t.input_schema
-                                          : nlohmann::ordered_json{{"type", "object"}};
-      tools.push_back(
-          {{"type", "function"},
-           {"function",
-            {{"name", t.name}, {"description", t.description.substr(0, 2000)}, {"parameters", params}}}});
-    }
-    return tools;
-  }
-
   int64_t estimate_tokens(const nlohmann::ordered_json& tools) const {
     return static_cast<int64_t>(static_cast<double>(messages.dump().size() + tools.dump().size()) /
                                 chars_per_token);
@@ -180,7 +165,8 @@ Result<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   impl->chat = TRY(ChatClient::create(ChatClientOptions{.endpoint = options.endpoint,
                                                         .model = options.model,
                                                         .api_key = options.api_key,
-                                                        .stream = options.stream}));
+                                                        .stream = options.stream,
+                                                        .temperature = options.temperature}));
   SandboxProfile profile{.mode = options.sandbox_mode, .workspace = options.workspace};
   impl->sandbox = TRY(probe_sandbox(profile));
   std::vector<PluginManifest> plugins;
@@ -251,7 +237,7 @@ Result<AgentResult> Agent::run(const std::string& task) {
       break;
     }
     const int step = ++result.steps;
-    const nlohmann::ordered_json tools = s.tool_specs();
+    const nlohmann::ordered_json tools = openai_tool_specs(s.host->tools());
     s.fit_context(tools, step, result);
     if (s.trajectory)
       s.trajectory->write(

@@ -31,6 +31,20 @@ std::string namespaced_tool_name(const std::string& plugin, const std::string& t
   return out;
 }
 
+nlohmann::ordered_json openai_tool_specs(const std::vector<ToolEntry>& tools) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& t : tools) {
+    nlohmann::ordered_json params = t.input_schema.is_object() && !t.input_schema.empty()
+                                        ? t.input_schema
+                                        : nlohmann::ordered_json{{"type", "object"}};
+    out.push_back(
+        {{"type", "function"},
+         {"function",
+          {{"name", t.name}, {"description", t.description.substr(0, 2000)}, {"parameters", params}}}});
+  }
+  return out;
+}
+
 namespace {
 
 struct Plugin {

@@ -98,4 +98,10 @@ class PluginHost {
 
 std::string namespaced_tool_name(const std::string& plugin, const std::string& tool);
 
+// The OpenAI `tools` array a model is offered for these tools, as `fathom agent` sends it:
+// {"type": "function", "function": {name, description (first 2000 bytes), parameters}} with each
+// input schema's key order kept. `fathom agent tools --json` prints it too (the corpus generator
+// trains the default model on exactly these definitions).
+nlohmann::ordered_json openai_tool_specs(const std::vector<ToolEntry>& tools);
+
 }  // namespace fathom::agent

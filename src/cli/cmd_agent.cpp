@@ -98,7 +98,8 @@ int run_tools(int argc, char** argv) {
   args.option("--sandbox", &mode, "auto|require|off", "MODE");
   args.option("--call", &call, "call this namespaced tool and print its result", "TOOL");
   args.option("--args", &call_args, "JSON arguments for --call", "JSON");
-  args.flag("--json", &json, "print one JSON object");
+  args.flag("--json", &json,
+            "print one JSON object (with openai_tools: the tool definitions the model is offered)");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
@@ -116,12 +117,14 @@ int run_tools(int argc, char** argv) {
       .workspace = workspace, .plugins_dir = plugins_dir, .sandbox = {.mode = mode, .workspace = workspace}};
   auto host = agent::PluginHost::create(ho, manifests);
   if (!host.ok()) return fail(args.command(), host.status());
-  nlohmann::json out = {{"plugins", nlohmann::json::array()}, {"tools", nlohmann::json::array()}};
+  nlohmann::ordered_json out = {{"plugins", nlohmann::ordered_json::array()},
+                                {"tools", nlohmann::ordered_json::array()}};
   for (const auto& s : (*host)->status())
     out["plugins"].push_back(
         {{"name", s.name}, {"state", s.state}, {"tools", s.n_tools}, {"error", s.last_error}});
   for (const auto& t : (*host)->tools())
     out["tools"].push_back({{"name", t.name}, {"description", t.description}});
+  out["openai_tools"] = agent::openai_tool_specs((*host)->tools());  // what `fathom agent` offers the model
   if (!call.empty()) {
     nlohmann::json a = nlohmann::json::parse(call_args, nullptr, false);
     if (a.is_discarded()) return fail(args.command(), invalid_argument("--args is not JSON"));
@@ -146,6 +149,7 @@ int run_agent(int argc, char** argv) {
   agent::AgentOptions o;
   std::string task, api_key_env;
   int64_t tool_timeout_s = 120;
+  std::string temperature = "0";  // as OpenHands: agents sample greedily unless told otherwise
   bool json = false, no_stream = false;
   Args args(argv[0],
             "Run an agent: a model behind an OpenAI-compatible endpoint using MCP plugins as tools.");
@@ -163,6 +167,10 @@ int run_agent(int argc, char** argv) {
   args.option("--max-tokens-total", &o.max_total_tokens,
               "stop when prompt+completion tokens reach this (0: none)");
   args.option("--max-seconds", &o.max_seconds, "stop a task after this many seconds (0: none)");
+  args.option(
+      "--temperature", &temperature,
+      "sampling temperature sent with each request, 0 to 2 ('server': send none, the endpoint's default)",
+      "X");
   args.option("--context-tokens", &o.context_tokens, "the model's context window in tokens");
   args.option("--reserve-tokens", &o.reserve_tokens, "tokens kept free for the answer");
   args.option("--tool-timeout", &tool_timeout_s,
@@ -186,6 +194,15 @@ int run_agent(int argc, char** argv) {
     o.api_key = key;
   }
   o.tool_timeout_ms = tool_timeout_s * 1000;
+  if (temperature != "server") {
+    char* end = nullptr;
+    const double t = std::strtod(temperature.c_str(), &end);
+    if (end == temperature.c_str() || *end != '\0' || !(t >= 0 && t <= 2))
+      return fail(
+          args.command(),
+          invalid_argument("--temperature must be a number from 0 to 2 or 'server', not '{}'", temperature));
+    o.temperature = t;
+  }
   o.stream = !no_stream;
   o.on_text = [](const std::string& t) {
     std::fwrite(t.data(), 1, t.size(), stdout);

@@ -51,6 +51,13 @@ TEST(AgentLoop, WritesReadsAndAnswersThroughStreamedToolCalls) {
   bool has_files_tool = false;
   for (const auto& t : reqs[0]["tools"]) has_files_tool |= t["function"]["name"] == "files__write_file";
   EXPECT_TRUE(has_files_tool);
+  EXPECT_EQ(reqs[0].value("temperature", -1.0), 0.0);  // greedy by default
+  // The definitions sent are those `fathom agent tools --json` prints as openai_tools (what the
+  // default model's corpus trains on, scripts/corpus/agent_tasks.py), in the same order.
+  RunResult listed = run_fathom({"agent", "tools", "--workspace", ws, "--plugin", "fathom mcp files",
+                                 "--plugin", "fathom mcp shell --timeout 20", "--json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_EQ(last_json_line(listed.out)["openai_tools"], reqs[0]["tools"]);
   auto tools2 = tool_messages(reqs[2]);
   ASSERT_EQ(tools2.size(), 2u);
   EXPECT_NE(tools2[1].find("hi there"), std::string::npos);
@@ -94,9 +101,12 @@ TEST(AgentLoop, HandlesAPlainJsonAnswerToAStreamingRequest) {
       {reply(tool_calls_message({{"shell__run", R"({"command":"echo plain-ok > out.txt"})"}})),
        reply(text_message("done"))},
       ScriptedEndpoint::Mode::kPlainJson);
-  RunResult r = run_fathom(agent_args(ep, ws, "run it"));
+  auto args = agent_args(ep, ws, "run it");
+  args.insert(args.end() - 1, {"--temperature", "server"});  // none sent: the endpoint's default
+  RunResult r = run_fathom(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_text(ws + "/out.txt"), "plain-ok\n");
+  for (const auto& q : ep.requests()) EXPECT_FALSE(q.contains("temperature"));
   EXPECT_TRUE(ep.requests()[0]["stream"].get<bool>());  // asked for a stream, got JSON, coped
 }
 
