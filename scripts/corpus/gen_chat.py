@@ -6,6 +6,8 @@ Writes, for a seed and a count:
                           (rendered later by `fathom corpus render` with the server's template)
   OUT/heldout_tools.jsonl held-out requests: {"messages", "tools", "expected_tool"}; their tool
                           names and request templates never occur in chat.jsonl
+  OUT/heldout_agent.jsonl with --agent-tools: held-out `fathom agent` tasks (agent_tasks.py), for
+                          scripts/eval_agent.py
   OUT/split.json          the tool names and template ids of each side (for tests and docs)
 Standard library only; the same seed and count give the same bytes.
 """
@@ -17,6 +19,7 @@ import re
 import sys
 
 from tool_concepts import CONCEPTS, HELDOUT_TEMPLATES
+import agent_tasks
 from chat_pools import SLOTS, SYSTEM_PROMPTS, PREFIXES, SUFFIXES, plain_chat, no_tool_request
 
 
@@ -314,13 +317,25 @@ def main():
     ap.add_argument("--copy-drills", type=float, default=0.0, help="share of lines that are copy drills")
     ap.add_argument("--parallel-calls", type=float, default=0.0,
                     help="share of lines that are parallel-call requests")
+    ap.add_argument("--agent-tools", help="`fathom agent tools --json` output of the files and shell plugins, "
+                    "with the dump's workspace as \"workspace\" (build.sh writes it); needed for --agent-share")
+    ap.add_argument("--agent-share", type=float, default=0.0,
+                    help="share of lines that are `fathom agent` tasks (agent_tasks.py)")
+    ap.add_argument("--heldout-agent", type=int, default=200, help="held-out agent tasks (with --agent-tools)")
     ap.add_argument("--no-tool-share", type=float, default=0.15, help="share of tools-offered, no-call chats")
     ap.add_argument("--plain-share", type=float, default=0.13, help="share of chats without tools")
     a = ap.parse_args()
     RECIPE["fresh_names"], RECIPE["fresh_words"] = a.fresh_names, a.fresh_words
-    tool_share = 1.0 - a.copy_drills - a.parallel_calls - a.no_tool_share - a.plain_share
-    if not 0 < tool_share <= 1 or min(a.copy_drills, a.parallel_calls, a.no_tool_share, a.plain_share) < 0:
+    tool_share = 1.0 - a.copy_drills - a.parallel_calls - a.no_tool_share - a.plain_share - a.agent_share
+    if not 0 < tool_share <= 1 or min(a.copy_drills, a.parallel_calls, a.no_tool_share, a.plain_share,
+                                      a.agent_share) < 0:
         raise SystemExit(f"shares must be non-negative and leave a positive tool-use share, not {tool_share:.3f}")
+    agent_tools = None
+    if a.agent_tools:
+        with open(a.agent_tools, encoding="utf-8") as f:
+            agent_tools = json.load(f)
+    elif a.agent_share > 0:
+        raise SystemExit("--agent-share needs --agent-tools")
     names = build_names()
     r = random.Random(a.seed)
     with open(f"{a.out}/chat.jsonl", "w", encoding="utf-8") as f:
@@ -336,6 +351,8 @@ def main():
                 docs = [{"messages": system_messages(r) + plain_chat(r)}]
             elif u < tool_share + a.no_tool_share + a.plain_share + a.copy_drills:
                 docs = [copy_drill(names, r)]
+            elif u < tool_share + a.no_tool_share + a.plain_share + a.copy_drills + a.agent_share:
+                docs = agent_tasks.conversation(agent_tools, r, i)
             else:
                 docs = [multi_call_conversation(names, r, i)]
             for d in docs:
@@ -344,6 +361,11 @@ def main():
     with open(f"{a.out}/heldout_tools.jsonl", "w", encoding="utf-8") as f:
         for _ in range(a.heldout):
             f.write(json.dumps(heldout_request(names, hr), ensure_ascii=False) + "\n")
+    if agent_tools:
+        ar = random.Random(a.seed * 104729 + 31)
+        with open(f"{a.out}/heldout_agent.jsonl", "w", encoding="utf-8") as f:
+            for _ in range(a.heldout_agent):
+                f.write(json.dumps(agent_tasks.heldout_task(ar), ensure_ascii=False) + "\n")
     split = {"train_names": sorted(n for t, _ in names.values() for n in t),
              "heldout_names": sorted(n for _, h in names.values() for n in h),
              "train_templates": sorted(f"{c['key']}#{i}" for c in CONCEPTS

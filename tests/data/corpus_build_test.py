@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """scripts/corpus/build.sh end to end on a small size: the same seed gives the same bytes, another
-seed different ones; the held-out tool names and request templates never occur in training; the
-outputs have the fathom-tokens-v1 layout; a corpus file that is not UTF-8 is refused with its name
-and byte offset."""
+seed different ones (also with TOKENIZER reusing a tokenizer); the held-out tool names and request
+templates, and the held-out agent tasks' phrasings, never occur in training; the outputs have the
+fathom-tokens-v1 layout; a corpus file that is not UTF-8 is refused with its name and byte offset."""
 import json
 import os
 import re
@@ -18,13 +18,14 @@ BUILD = os.path.join(SRC, "scripts/corpus/build.sh")
 # The experimental recipe (drills, parallel calls, word names, loss masks): the default one is the
 # same code with those kinds at 0 and is rebuilt byte for byte by scripts/train-default.sh's users.
 ENV = dict(os.environ, FATHOM=BIN, CONVERSATIONS="250", DOCS_MB="0.15", VOCAB="1024", HELDOUT="120",
-           LOSS_MASK="1", GEN_ARGS="--fresh-names 0.9 --fresh-words --copy-drills 0.12 --parallel-calls 0.15")
+           LOSS_MASK="1", AGENT_SHARE="0.2",
+           GEN_ARGS="--fresh-names 0.9 --fresh-words --copy-drills 0.12 --parallel-calls 0.15")
 FILES = ["train.bin", "val.bin", "train.mask", "val.mask", "meta.json", "tokenizer.json", "tokenizer_config.json", "heldout_tools.jsonl",
-         "split.json", "sources.tsv"]
+         "heldout_agent.jsonl", "split.json", "sources.tsv"]
 
 
-def build(out, seed):
-    subprocess.run([BUILD, out, "--seed", str(seed)], env=ENV, check=True, stdout=subprocess.DEVNULL)
+def build(out, seed, **env):
+    subprocess.run([BUILD, out, "--seed", str(seed)], env=dict(ENV, **env), check=True, stdout=subprocess.DEVNULL)
     return {f: open(os.path.join(out, f), "rb").read() for f in FILES}
 
 
@@ -80,6 +81,19 @@ def check_heldout_disjoint(out):
         n += 1
     assert n == 120, n
     print(f"held-out: {n} requests, {len(held)} held-out names vs {len(train)} training names, disjoint")
+    sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
+    import agent_tasks
+    agent_users = sum("files__read_file" in line for line in open(os.path.join(out, "work/chat.jsonl"), encoding="utf-8"))
+    assert agent_users > 0, "no agent conversations in the corpus"
+    n = 0
+    for line in open(os.path.join(out, "heldout_agent.jsonl"), encoding="utf-8"):
+        t = json.loads(line)
+        kind = next(k for k in agent_tasks.KINDS if k["key"] == t["kind"])
+        assert t["expected_tool"] == kind["tool"], t
+        assert t["task"] not in train_users, t
+        n += 1
+    assert n == 200, n
+    print(f"held-out agent tasks: {n}, none a training user turn ({agent_users} agent documents in training)")
 
 
 def check_bad_utf8(tmp):
@@ -113,12 +127,16 @@ def main():
             os.makedirs(os.path.join(tmp, f"g{seed}"))
             subprocess.run([sys.executable, gen, "--out", os.path.join(tmp, f"g{seed}"), "--seed", str(seed),
                             "--conversations", ENV["CONVERSATIONS"], "--heldout", ENV["HELDOUT"],
-                            *ENV["GEN_ARGS"].split()], check=True)
+                            "--agent-tools", os.path.join(tmp, "a/work/agent_tools.json"),
+                            "--agent-share", ENV["AGENT_SHARE"], *ENV["GEN_ARGS"].split()], check=True)
         assert open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read() == \
             open(os.path.join(tmp, "a/work/chat.jsonl"), "rb").read()
         assert open(os.path.join(tmp, "g6/chat.jsonl"), "rb").read() != \
             open(os.path.join(tmp, "g5/chat.jsonl"), "rb").read()
-        print("deterministic: same seed -> same bytes (also rebuilt over spoiled outputs); another seed differs")
+        # A reused tokenizer (a later training stage keeps its model's vocabulary) is the trained one.
+        assert build(os.path.join(tmp, "c"), 5, TOKENIZER=os.path.join(tmp, "a")) == a
+        print("deterministic: same seed -> same bytes (also rebuilt over spoiled outputs, and with the "
+              "tokenizer reused); another seed differs")
         check_layout(os.path.join(tmp, "a"), a)
         check_heldout_disjoint(os.path.join(tmp, "a"))
         check_bad_utf8(tmp)
