@@ -39,6 +39,11 @@ PROSE = ["buy milk and eggs", "call the plumber on Monday", "the release is plan
          "move old logs to the archive", "update the dependencies", "the demo went well",
          "check the test coverage", "rename the config file", "water the plants", "draft the blog post",
          "deploy to staging first", "the API returns JSON", "clean up the tmp folder", "review the pull request"]
+# The recipe's knobs (gen_chat.py --agent-fresh X sets both to X): the share of workspace file names
+# that are made up (pseudo-words) and of write tasks whose path and text are (random word strings)
+# rather than drawn from the pools above. A pooled name can be recalled; a made-up one can only be
+# copied from the request. At the defaults (0.3, 0) the draws are those of the committed stage 3.
+RECIPE = {"fresh": 0.3, "fresh_writes": 0.0}
 CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 
@@ -87,7 +92,7 @@ def make_workspace(r):
 
     def add_files(prefix, count):
         for _ in range(count):
-            if r.random() < 0.3:
+            if r.random() < RECIPE["fresh"]:
                 kind = r.choice(sorted(EXTS))
                 name = pseudo_word(r) + EXTS[kind]
             else:
@@ -255,9 +260,13 @@ def _search(ws, r):
 
 def _write(ws, r):
     kind = r.choice(["txt", "md", "txt"])
-    p = (r.choice(["", r.choice(DIRS) + "/"]) +
-         r.choice([pseudo_word(r), r.choice(WORDS), "hello", "todo", "notes", "draft"]) + EXTS[kind])
-    text = r.choice(PROSE + [r.choice(WORDS) + " " + r.choice(WORDS), "hello world", "hi"])
+    if RECIPE["fresh_writes"] and r.random() < RECIPE["fresh_writes"]:
+        p = r.choice(["", r.choice(DIRS) + "/"]) + pseudo_word(r) + EXTS[kind]
+        text = " ".join(r.choice([pseudo_word(r), r.choice(WORDS)]) for _ in range(r.randint(1, 4)))
+    else:
+        p = (r.choice(["", r.choice(DIRS) + "/"]) +
+             r.choice([pseudo_word(r), r.choice(WORDS), "hello", "todo", "notes", "draft"]) + EXTS[kind])
+        text = r.choice(PROSE + [r.choice(WORDS) + " " + r.choice(WORDS), "hello world", "hi"])
     content = text + "\n"
     result = f"wrote {len(content.encode())} bytes (1 lines) to {p}"
     answer = r.choice([f"Wrote {p}.", f"Done: {p} now contains \"{text}\".", f"Created {p} with the text {text}."])

@@ -321,11 +321,16 @@ def main():
                     "with the dump's workspace as \"workspace\" (build.sh writes it); needed for --agent-share")
     ap.add_argument("--agent-share", type=float, default=0.0,
                     help="share of lines that are `fathom agent` tasks (agent_tasks.py)")
+    ap.add_argument("--agent-fresh", type=float, default=None,
+                    help="share of agent tasks' file names and written texts that are made up "
+                    "(default: 0.3 of file names, no written texts)")
     ap.add_argument("--heldout-agent", type=int, default=200, help="held-out agent tasks (with --agent-tools)")
     ap.add_argument("--no-tool-share", type=float, default=0.15, help="share of tools-offered, no-call chats")
     ap.add_argument("--plain-share", type=float, default=0.13, help="share of chats without tools")
     a = ap.parse_args()
     RECIPE["fresh_names"], RECIPE["fresh_words"] = a.fresh_names, a.fresh_words
+    if a.agent_fresh is not None:
+        agent_tasks.RECIPE["fresh"] = agent_tasks.RECIPE["fresh_writes"] = a.agent_fresh
     tool_share = 1.0 - a.copy_drills - a.parallel_calls - a.no_tool_share - a.plain_share - a.agent_share
     if not 0 < tool_share <= 1 or min(a.copy_drills, a.parallel_calls, a.no_tool_share, a.plain_share,
                                       a.agent_share) < 0:

@@ -63,6 +63,11 @@ def main():
         n = 0
         while min(per_kind.values()) < 4:
             heldout = n % 2 == 1
+            # Every fourth task with the made-up-names recipe (gen_chat.py --agent-fresh 1).
+            if n % 4 == 2:
+                agent_tasks.RECIPE.update(fresh=1.0, fresh_writes=1.0)
+            else:
+                agent_tasks.RECIPE.update(fresh=0.3, fresh_writes=0.0)
             kind, ws, text, args, result, _, check = agent_tasks.draw_task(r, heldout)
             per_kind[kind["key"]] += 1
             root = os.path.join(tmp, f"ws{n}")
