@@ -50,10 +50,12 @@ def run_task(t, a, tmp, i):
             pass
     first = None
     if os.path.exists(traj):
-        for line in open(traj, encoding="utf-8"):
-            e = json.loads(line)
-            if e.get("type") == "tool_call" and first is None:
-                first = e
+        with open(traj, encoding="utf-8") as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("type") == "tool_call":
+                    first = e
+                    break
     name = first["name"] if first else None
     try:
         args = json.loads(first["arguments"]) if first else None
@@ -62,7 +64,10 @@ def run_task(t, a, tmp, i):
     final = result.get("final_text", "") or ""
     if t["kind"] in ("write", "edit"):
         path = os.path.join(root, t["expected_args"]["path"])
-        done = os.path.isfile(path) and open(path, encoding="utf-8", errors="replace").read() == t["check"]
+        done = False
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                done = f.read() == t["check"]
     else:
         done = t["check"] in final
     return {"kind": t["kind"], "task": t["task"], "tool": name == t["expected_tool"],
@@ -86,7 +91,11 @@ def main():
     a.fathom = os.path.abspath(a.fathom)
     if not os.access(a.fathom, os.X_OK):
         sys.exit(f"eval_agent: {a.fathom} is not an executable (--fathom)")
-    tasks = [json.loads(line) for line in open(a.set, encoding="utf-8") if line.strip()]
+    try:
+        with open(a.set, encoding="utf-8") as f:
+            tasks = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"eval_agent: --set {a.set}: {e}")
     if a.limit:
         tasks = tasks[:a.limit]
     if not tasks:
