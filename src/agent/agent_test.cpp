@@ -232,6 +232,23 @@ TEST(Workspace, ConfinesDotDotSymlinksAndAbsolutePaths) {
   std::filesystem::remove_all(outside);
 }
 
+TEST(ToolSpecs, KeepSchemaOrderAndCutLongDescriptionsAtACharacterBoundary) {
+  // A 3-byte character straddles byte 2000: the description is cut before it, so the request still
+  // serialises (half a UTF-8 sequence would make dump() throw).
+  std::string desc = std::string(1999, 'a') + "\xe2\x82\xac" + std::string(50, 'b');
+  nlohmann::ordered_json schema = {
+      {"type", "object"}, {"properties", {{"zeta", {{"type", "string"}}}, {"alpha", {{"type", "string"}}}}}};
+  std::vector<ToolEntry> tools = {{.name = "p__long", .description = desc, .input_schema = schema},
+                                  {.name = "p__bare", .description = "no schema"}};
+  const nlohmann::ordered_json specs = openai_tool_specs(tools);
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0]["function"]["description"].get<std::string>(), std::string(1999, 'a'));
+  EXPECT_NO_THROW((void)specs.dump());
+  EXPECT_EQ(specs[0]["function"]["parameters"]["properties"].begin().key(), "zeta");  // declared order
+  EXPECT_EQ(specs[1]["function"]["parameters"], nlohmann::ordered_json({{"type", "object"}}));
+  EXPECT_EQ(specs[1]["function"]["name"], "p__bare");
+}
+
 TEST(Manifest, ParsesTomlAndRejectsBadFieldsByName) {
   const std::string dir = temp_dir();
   std::ofstream(dir + "/files.toml")
