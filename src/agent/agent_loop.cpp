@@ -15,6 +15,7 @@
 #include "agent/tool_exec.h"
 #include "agent/trajectory.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "base/timer.h"
 
 namespace fathom::agent {
@@ -66,13 +67,14 @@ struct Agent::Impl {
       if (m.value("role", "") != "tool" || !m["content"].is_string()) continue;
       std::string c = m["content"];
       if (c.size() <= 600) continue;
-      const size_t removed = c.size() - 400;
-      m["content"] = c.substr(0, 200) +
+      const size_t head = utf8_floor(c, 200), tail = utf8_ceil(c, c.size() - 200);  // whole characters
+      const size_t removed = tail - head;
+      m["content"] = c.substr(0, head) +
                      fmt::format(
                          "\n[... {} characters of this older tool output were removed by fathom "
                          "to fit the context window ...]\n",
                          removed) +
-                     c.substr(c.size() - 200);
+                     c.substr(tail);
       result.context_truncations++;
       notice(fmt::format(
           "context: cut {} characters from an older tool result (message {}) to stay under {} tokens",

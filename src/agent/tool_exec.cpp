@@ -3,6 +3,7 @@
 
 #include "agent/schema.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "base/timer.h"
 
 namespace fathom::agent {
@@ -11,12 +12,14 @@ using json = nlohmann::json;
 
 namespace {
 
+// Keeps the first and last max_chars/2 bytes, cut at character boundaries: half a UTF-8 sequence
+// would make the conversation unserialisable (the request, the context estimate, the trajectory).
 std::string cap_text(std::string s, size_t max_chars) {
   if (s.size() <= max_chars) return s;
-  const size_t keep = max_chars / 2;
-  return s.substr(0, keep) +
-         fmt::format("\n[... {} characters of tool output cut by fathom ...]\n", s.size() - 2 * keep) +
-         s.substr(s.size() - keep);
+  const size_t head = utf8_floor(s, max_chars / 2), tail = utf8_ceil(s, s.size() - max_chars / 2);
+  return s.substr(0, head) +
+         fmt::format("\n[... {} characters of tool output cut by fathom ...]\n", tail - head) +
+         s.substr(tail);
 }
 
 }  // namespace
@@ -33,7 +36,7 @@ ToolOutcome execute_tool_call(const ToolExecContext& ctx, const json& call) {
     out.text = std::string("Error: malformed tool call: ") + e.what();
     out.is_error = true;
     out.decision = "invalid";
-    log_warn("malformed tool call {}: {}", call.dump().substr(0, 200), e.what());
+    log_warn("malformed tool call {}: {}", utf8_prefix(call.dump(), 200), e.what());
     return out;
   }
 }
@@ -76,8 +79,9 @@ ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
                         : json::parse(text, nullptr, false);
     if (out.arguments.is_discarded()) {
       out.arguments = json();
-      return error(fmt::format("the arguments of {} are not valid JSON: {}", out.name, text.substr(0, 300)),
-                   "invalid");
+      return error(
+          fmt::format("the arguments of {} are not valid JSON: {}", out.name, utf8_prefix(text, 300)),
+          "invalid");
     }
   }
   if (!out.arguments.is_object())
@@ -89,7 +93,8 @@ ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
   std::string decision(decision_name(v.decision));
   if (v.decision == Decision::kAsk) {
     if (ctx.confirm) {
-      const bool ok = ctx.confirm(fmt::format("allow {} {}?", out.name, out.arguments.dump().substr(0, 500)));
+      const bool ok =
+          ctx.confirm(fmt::format("allow {} {}?", out.name, utf8_prefix(out.arguments.dump(), 500)));
       decision = ok ? "ask->allow (user)" : "ask->deny (user)";
       v.decision = ok ? Decision::kAllow : Decision::kDeny;
     } else if (ctx.yes) {
@@ -114,7 +119,7 @@ ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
     if (ctx.on_notice) ctx.on_notice(fmt::format("[{}] denied: {}", out.name, v.why));
     return out;
   }
-  if (ctx.on_notice) ctx.on_notice(fmt::format("[{}] {}", out.name, out.arguments.dump().substr(0, 200)));
+  if (ctx.on_notice) ctx.on_notice(fmt::format("[{}] {}", out.name, utf8_prefix(out.arguments.dump(), 200)));
   const std::string name = out.name;
   auto on_progress = [&ctx, name](double progress, double total, const std::string& message) {
     if (!ctx.on_notice) return;
@@ -131,7 +136,7 @@ ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
   }
   out.is_error = r->is_error;
   if (r->is_error)
-    log_warn("tool call {} {} returned an error: {}", out.id, out.name, r->text().substr(0, 300));
+    log_warn("tool call {} {} returned an error: {}", out.id, out.name, utf8_prefix(r->text(), 300));
   out.text = cap_text(r->is_error ? "Error: " + r->text() : r->text(), ctx.max_chars);
   return out;
 }

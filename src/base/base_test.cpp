@@ -115,6 +115,22 @@ TEST(ThreadPool, ConcurrentCallersAreSerialised) {
   EXPECT_EQ(total.load(), 1500);
 }
 
+TEST(Strings, Utf8BoundariesNeverSplitACharacter) {
+  const std::string s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80z";  // a é € 😀 z: 1+2+3+4+1 bytes
+  const size_t starts[] = {0, 1, 3, 6, 10, 11};                    // character starts (and the end)
+  for (size_t n = 0; n <= s.size() + 2; ++n) {
+    size_t floor = 0, ceil = s.size();
+    for (size_t b : starts) {
+      if (b <= n) floor = b;
+      if (b >= n && b < ceil) ceil = b;
+    }
+    EXPECT_EQ(utf8_floor(s, n), std::min(floor, s.size())) << n;
+    EXPECT_EQ(utf8_ceil(s, n), n >= s.size() ? s.size() : ceil) << n;
+  }
+  EXPECT_EQ(utf8_floor("", 5), 0u);
+  EXPECT_EQ(utf8_ceil("", 0), 0u);
+}
+
 TEST(Strings, ParsesNumbersStrictly) {
   EXPECT_EQ(*parse_int("-12", "n"), -12);
   EXPECT_FALSE(parse_int("12x", "n").ok());

@@ -1,6 +1,7 @@
 // String helpers.
 #include "base/strings.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -43,6 +44,23 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
+}
+
+namespace {
+bool continuation(char c) {
+  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+}
+}  // namespace
+
+size_t utf8_floor(std::string_view s, size_t n) {
+  if (n >= s.size()) return s.size();
+  while (n > 0 && continuation(s[n])) --n;
+  return n;
+}
+
+size_t utf8_ceil(std::string_view s, size_t n) {
+  while (n < s.size() && continuation(s[n])) ++n;
+  return std::min(n, s.size());
 }
 
 Result<int64_t> parse_int(std::string_view s, std::string_view what) {

@@ -16,6 +16,15 @@ std::string_view trim(std::string_view s);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 bool ends_with(std::string_view s, std::string_view suffix);
 bool starts_with(std::string_view s, std::string_view prefix);
+// Character boundaries of UTF-8 text, for cutting it without splitting a multi-byte sequence:
+// the largest position <= n (utf8_floor) or the smallest >= n (utf8_ceil) that is not a
+// continuation byte (10xxxxxx), clamped to s.size().
+size_t utf8_floor(std::string_view s, size_t n);
+size_t utf8_ceil(std::string_view s, size_t n);
+// The first n bytes or fewer, ending on a character boundary (for excerpts in messages).
+inline std::string utf8_prefix(std::string_view s, size_t n) {
+  return std::string(s.substr(0, utf8_floor(s, n)));
+}
 
 // Whole-string parses: "12x" and "" are errors. `what` names the value in the message.
 Result<int64_t> parse_int(std::string_view s, std::string_view what);

@@ -216,6 +216,42 @@ TEST(AgentLoop, StopsAtTheTokenBudget) {
   EXPECT_EQ(last_json_line(r.out)["status"], "budget_limit");
 }
 
+TEST(AgentLoop, CutsOversizedToolOutputsAtCharacterBoundaries) {
+  // 150,000 bytes of a 3-byte character: the output cap (100,000 bytes, half kept at each end) falls
+  // inside a character on both sides. The cut must keep the text valid UTF-8 — the request, the
+  // context estimate and the trajectory all serialise it — and the run must go on.
+  const std::string ws = make_temp_dir("utf8cut");
+  std::string euros;
+  for (int i = 0; i < 50000; ++i) euros += "\xe2\x82\xac";
+  write_text(ws + "/euros.txt", euros);
+  // Arguments that are not JSON are quoted back to the model (300 bytes): here byte 300 falls
+  // inside a character too. And a later request cuts the older outputs to fit --context-tokens.
+  ScriptedEndpoint ep({reply(tool_calls_message({{"files__read_file", "x" + euros.substr(0, 600)}})),
+                       reply(tool_calls_message({{"files__read_file", R"({"path":"euros.txt"})"}})),
+                       reply(tool_calls_message({{"files__read_file", R"({"path":"euros.txt"})"}})),
+                       reply(text_message("a lot of euros"))});
+  const std::string traj = ws + ".utf8.jsonl";
+  auto args = agent_args(ep, ws, "read euros.txt");
+  args.insert(args.end() - 1,
+              {"--trajectory", traj, "--context-tokens", "40000", "--reserve-tokens", "1000"});
+  RunResult r = run_fathom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto reqs = ep.requests();
+  ASSERT_EQ(reqs.size(), 4u);
+  auto outs = tool_messages(reqs[2]);
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_NE(outs[0].find("not valid JSON"), std::string::npos) << outs[0];
+  EXPECT_NE(outs[1].find("cut by fathom"), std::string::npos);
+  auto last = tool_messages(reqs[3]);
+  ASSERT_EQ(last.size(), 3u);
+  EXPECT_NE(last[1].find("removed by fathom to fit the context window"), std::string::npos);
+  for (const auto& o : last)
+    EXPECT_EQ(o.find("\xef\xbf\xbd"), std::string::npos) << "a character was split (U+FFFD in the output)";
+  EXPECT_EQ(last_json_line(r.out)["status"], "final");
+  EXPECT_FALSE(read_jsonl(traj).empty());
+  ::unlink(traj.c_str());
+}
+
 TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
   const std::string ws = make_temp_dir("context");
   std::string big(30000, 'x');

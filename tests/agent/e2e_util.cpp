@@ -34,6 +34,13 @@ ScriptedEndpoint::Step reply(json message) {
 
 namespace {
 
+// A position at or before n that does not split a UTF-8 character (a JSON string must be whole
+// characters; servers send deltas of whole characters).
+size_t char_start(const std::string& s, size_t n) {
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return n;
+}
+
 // The message as an SSE stream: text in small pieces, each tool call's name then its arguments in
 // two halves, the way real servers fragment them.
 std::string to_sse(const json& m, int64_t prompt_tokens) {
@@ -48,22 +55,26 @@ std::string to_sse(const json& m, int64_t prompt_tokens) {
   chunk({{"role", "assistant"}});
   if (m.contains("content") && m["content"].is_string()) {
     const std::string t = m["content"];
-    for (size_t i = 0; i < t.size(); i += 7) chunk({{"content", t.substr(i, 7)}});
+    for (size_t i = 0, next; i < t.size(); i = next) {
+      next = std::max(char_start(t, std::min(i + 7, t.size())), i + 1);
+      while (next < t.size() && (static_cast<unsigned char>(t[next]) & 0xC0) == 0x80) ++next;
+      chunk({{"content", t.substr(i, next - i)}});
+    }
   }
   if (m.contains("tool_calls")) {
     for (size_t i = 0; i < m["tool_calls"].size(); ++i) {
       const json& tc = m["tool_calls"][i];
       const std::string args = tc["function"].value("arguments", "");
+      const size_t half = char_start(args, args.size() / 2);
       chunk({{"tool_calls",
               json::array({{{"index", i},
                             {"id", tc.value("id", "")},
                             {"type", "function"},
                             {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}}})}});
-      chunk(
-          {{"tool_calls",
-            json::array({{{"index", i}, {"function", {{"arguments", args.substr(0, args.size() / 2)}}}}})}});
       chunk({{"tool_calls",
-              json::array({{{"index", i}, {"function", {{"arguments", args.substr(args.size() / 2)}}}}})}});
+              json::array({{{"index", i}, {"function", {{"arguments", args.substr(0, half)}}}}})}});
+      chunk(
+          {{"tool_calls", json::array({{{"index", i}, {"function", {{"arguments", args.substr(half)}}}}})}});
     }
   }
   chunk(json::object(), m.contains("tool_calls") ? "tool_calls" : "stop");
