@@ -50,8 +50,15 @@ struct Agent::Impl {
   }
 
   int64_t estimate_tokens(const nlohmann::ordered_json& tools) const {
-    return static_cast<int64_t>(static_cast<double>(messages.dump().size() + tools.dump().size()) /
-                                chars_per_token);
+    return static_cast<int64_t>(static_cast<double>(request_chars(tools)) / chars_per_token);
+  }
+
+  // Serialised size of the conversation and tools. Lossy (invalid UTF-8 becomes U+FFFD, as in the
+  // request itself): text from plugins — an error quoting a malformed line, a stderr tail — is not
+  // guaranteed to be UTF-8, and a strict dump would throw.
+  size_t request_chars(const nlohmann::ordered_json& tools) const {
+    constexpr auto kLossy = nlohmann::json::error_handler_t::replace;
+    return messages.dump(-1, ' ', false, kLossy).size() + tools.dump(-1, ' ', false, kLossy).size();
   }
 
   // Keeps the conversation under the window: older tool outputs are cut to head and tail first,
@@ -244,7 +251,7 @@ Result<AgentResult> Agent::run(const std::string& task) {
     if (s.trajectory)
       s.trajectory->write(
           {{"type", "model_request"}, {"step", step}, {"body", s.chat->request_body(s.messages, tools)}});
-    const size_t request_chars = s.messages.dump().size() + tools.dump().size();
+    const size_t request_chars = s.request_chars(tools);
     auto response = s.chat->complete(s.messages, tools, s.options.on_text);
     if (!response.ok()) {
       if (s.trajectory)

@@ -252,6 +252,25 @@ TEST(AgentLoop, CutsOversizedToolOutputsAtCharacterBoundaries) {
   ::unlink(traj.c_str());
 }
 
+TEST(AgentLoop, APluginWritingInvalidUtf8IsAToolErrorNotACrash) {
+  // The plugin answers a call with a line of invalid UTF-8; the client's error quotes it, so the
+  // tool result the model gets holds bytes that are not UTF-8. Sizing and sending the conversation
+  // must not throw on them (the request carries U+FFFD instead).
+  const std::string ws = make_temp_dir("badutf8");
+  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__badutf8", "{}"}})), reply(text_message("noted"))});
+  auto args = agent_args(ep, ws, "call it");
+  args.insert(args.end() - 1,
+              {"--plugin", "bad=node " + source_dir() + "/tests/agent/fixtures/bad_server.mjs"});
+  RunResult r = run_fathom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto reqs = ep.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  auto outs = tool_messages(reqs[1]);
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_NE(outs[0].find("Error:"), std::string::npos) << outs[0];
+  EXPECT_EQ(last_json_line(r.out)["status"], "final");
+}
+
 TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
   const std::string ws = make_temp_dir("context");
   std::string big(30000, 'x');
