@@ -77,7 +77,7 @@ int run_replay(int argc, char** argv) {
   auto report = agent::replay_trajectory(o);
   if (!report.ok()) return fail(args.command(), report.status());
   if (json) {
-    print_json_line(report->to_json().dump());
+    print_json_line(report->to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     std::printf("replayed %d model turns, %d tool calls: %d identical, %d differed, %d skipped\n",
                 report->model_turns, report->tool_calls, report->identical, report->differed,
@@ -133,7 +133,8 @@ int run_tools(int argc, char** argv) {
     out["result"] = {{"text", r->text()}, {"is_error", r->is_error}};
   }
   if (json) {
-    print_json_line(out.dump());
+    // Lossy: plugin errors quote their stderr and stdout, which need not be UTF-8.
+    print_json_line(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }
   for (const auto& p : out["plugins"])
@@ -221,7 +222,7 @@ int run_agent(int argc, char** argv) {
       fail(args.command(), r.status());
       return 1;
     }
-    if (json) print_json_line(r->to_json().dump());
+    if (json) print_json_line(r->to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return r->status == "final" ? 0 : 3;
   };
   if (!task.empty()) return run_one(task);
