@@ -101,12 +101,15 @@ Result<RequestRecord> post_completion(const HttpTarget& t, std::vector<int32_t> 
     return unavailable("{} answered HTTP {}: {}", t.url, res->status,
                        error_message(res->body.empty() ? st.buffer : res->body));
   }
-  if (st.finish != "length" || st.completion_tokens != max_tokens || st.rec.first_s < 0) {
+  if (st.finish != "length" || st.completion_tokens != max_tokens) {
     return internal_error(
         "{}: the stream ended with finish_reason '{}' and {} completion tokens ({} expected; does "
         "the server honour ignore_eos?)",
         t.url, st.finish, st.completion_tokens, max_tokens);
   }
+  // Tokens whose text is an incomplete UTF-8 sequence stream as no text (a random model's byte
+  // tokens, say): a request whose every token was such has its first text at the end.
+  if (st.rec.first_s < 0) st.rec.first_s = st.rec.end_s;
   st.rec.n_out = st.completion_tokens;
   if (st.completion_tokens > st.chunks_seen) on_tokens(st.completion_tokens - st.chunks_seen);
   return st.rec;
