@@ -88,7 +88,10 @@ void print_text(const std::string& path, const Report& r) {
   if (!r.metadata.empty()) {
     std::printf("\nmetadata:\n");
     for (auto it = r.metadata.begin(); it != r.metadata.end(); ++it) {
-      std::string v = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+      // Lossy: GGUF strings are bytes from the file and need not be UTF-8.
+      std::string v = it.value().is_string()
+                          ? it.value().get<std::string>()
+                          : it.value().dump(-1, ' ', false, json::error_handler_t::replace);
       if (v.size() > 100) v = v.substr(0, 97) + "...";
       std::printf("  %-48s %s\n", it.key().c_str(), v.c_str());
     }
@@ -138,7 +141,7 @@ int run_inspect(int argc, char** argv) {
               {"n_tensors", r.tensors.size()}};
     j["config"] = r.config ? model_config_summary_json(*r.config) : json(nullptr);
     if (!r.config_error.empty()) j["config_error"] = r.config_error;
-    print_json_line(j.dump());
+    print_json_line(j.dump(-1, ' ', false, json::error_handler_t::replace));  // lossy, as above
   } else {
     print_text(path, r);
   }
