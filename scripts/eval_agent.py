@@ -23,22 +23,22 @@ import sys
 import tempfile
 from collections import defaultdict
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus"))
+from agent_tasks import materialise  # noqa: E402
 
-def run_task(t, a, tmp, i):
+
+def run_task(t, fathom, url, model, tmp, i, max_steps=3, temperature=0.0):
+    """Runs held-out task t (a heldout_agent.jsonl row) through `fathom agent` in a fresh workspace
+    under tmp; returns the row's outcome."""
     root = os.path.join(tmp, f"ws{i}")
     os.mkdir(root)
-    for path, content in t["workspace"].items():
-        full = os.path.join(root, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w", encoding="utf-8") as f:
-            f.write(content)
+    materialise(t["workspace"], root)
     traj = os.path.join(tmp, f"t{i}.jsonl")
-    cmd = [a.fathom, "agent", "--endpoint", a.url, "--model", a.model, "--workspace", root, "--max-steps",
-           str(a.max_steps), "--yes", "--json", "--trajectory", traj, "--plugin", f"files={a.fathom} mcp files"]
+    cmd = [fathom, "agent", "--endpoint", url, "--model", model, "--workspace", root, "--max-steps",
+           str(max_steps), "--yes", "--json", "--trajectory", traj, "--plugin", f"files={fathom} mcp files",
+           "--temperature", str(temperature)]
     if t["shell"]:
-        cmd += ["--plugin", f"shell={a.fathom} mcp shell"]
-    if a.temperature is not None:
-        cmd += ["--temperature", str(a.temperature)]
+        cmd += ["--plugin", f"shell={fathom} mcp shell"]
     cmd.append(t["task"])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, FATHOM_LOG="error", LC_ALL="C"))
@@ -103,7 +103,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, t in enumerate(tasks):
-            rows.append(run_task(t, a, tmp, i))
+            rows.append(run_task(t, a.fathom, a.url, a.model, tmp, i, a.max_steps, a.temperature))
             if sys.stderr.isatty():
                 print(f"\r{i + 1}/{len(tasks)}", end="", file=sys.stderr, flush=True)
     if sys.stderr.isatty():

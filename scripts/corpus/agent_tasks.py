@@ -11,6 +11,7 @@ Standard library only; deterministic for a random.Random.
 """
 import copy
 import json
+import os
 
 HELDOUT_TEMPLATES = 2
 
@@ -103,6 +104,15 @@ def make_workspace(r):
     for d in r.sample(DIRS, r.randint(1, 3)):
         add_files(d + "/", r.randint(1, 4))
     return ws
+
+
+def materialise(ws, root):
+    """Writes a workspace ({relative path: content}) under the directory root."""
+    for path, content in ws.items():
+        full = os.path.join(root, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(content)
 
 
 def dirs_of(ws):

@@ -221,4 +221,12 @@ void print_json_line(const std::string& json) {
   std::fflush(stdout);
 }
 
+void print_json_line(const nlohmann::json& j) {
+  print_json_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void print_json_line(const nlohmann::ordered_json& j) {
+  print_json_line(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+}
+
 }  // namespace fathom::cli

@@ -12,6 +12,8 @@
 // --log-level, applied during parse.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -85,5 +87,9 @@ class Args {
 bool is_primary_rank();
 // Prints one single-line JSON object (already serialised) as the last line of stdout.
 void print_json_line(const std::string& json);
+// The same for a JSON value, serialised lossily: bytes that are not UTF-8 (GGUF strings, plugin
+// output, file names) print as U+FFFD instead of aborting the command.
+void print_json_line(const nlohmann::json& j);
+void print_json_line(const nlohmann::ordered_json& j);
 
 }  // namespace fathom::cli

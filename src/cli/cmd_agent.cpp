@@ -13,6 +13,7 @@
 #include "agent/plugin_host.h"
 #include "agent/sandbox.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "cli/args.h"
 #include "cli/command.h"
 
@@ -77,7 +78,7 @@ int run_replay(int argc, char** argv) {
   auto report = agent::replay_trajectory(o);
   if (!report.ok()) return fail(args.command(), report.status());
   if (json) {
-    print_json_line(report->to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    print_json_line(report->to_json());
   } else {
     std::printf("replayed %d model turns, %d tool calls: %d identical, %d differed, %d skipped\n",
                 report->model_turns, report->tool_calls, report->identical, report->differed,
@@ -133,8 +134,8 @@ int run_tools(int argc, char** argv) {
     out["result"] = {{"text", r->text()}, {"is_error", r->is_error}};
   }
   if (json) {
-    // Lossy: plugin errors quote their stderr and stdout, which need not be UTF-8.
-    print_json_line(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    // print_json_line is lossy: plugin errors quote their stderr and stdout, which need not be UTF-8.
+    print_json_line(out);
     return 0;
   }
   for (const auto& p : out["plugins"])
@@ -196,13 +197,12 @@ int run_agent(int argc, char** argv) {
   }
   o.tool_timeout_ms = tool_timeout_s * 1000;
   if (temperature != "server") {
-    char* end = nullptr;
-    const double t = std::strtod(temperature.c_str(), &end);
-    if (end == temperature.c_str() || *end != '\0' || !(t >= 0 && t <= 2))
-      return fail(
-          args.command(),
-          invalid_argument("--temperature must be a number from 0 to 2 or 'server', not '{}'", temperature));
-    o.temperature = t;
+    auto t = parse_double(temperature, "--temperature");
+    if (!t.ok()) return fail(args.command(), t.status());
+    if (!(*t >= 0 && *t <= 2))
+      return fail(args.command(),
+                  invalid_argument("--temperature must be from 0 to 2 or 'server', not {}", *t));
+    o.temperature = *t;
   }
   o.stream = !no_stream;
   o.on_text = [](const std::string& t) {
@@ -222,7 +222,7 @@ int run_agent(int argc, char** argv) {
       fail(args.command(), r.status());
       return 1;
     }
-    if (json) print_json_line(r->to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (json) print_json_line(r->to_json());
     return r->status == "final" ? 0 : 3;
   };
   if (!task.empty()) return run_one(task);

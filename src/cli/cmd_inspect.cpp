@@ -141,7 +141,7 @@ int run_inspect(int argc, char** argv) {
               {"n_tensors", r.tensors.size()}};
     j["config"] = r.config ? model_config_summary_json(*r.config) : json(nullptr);
     if (!r.config_error.empty()) j["config_error"] = r.config_error;
-    print_json_line(j.dump(-1, ' ', false, json::error_handler_t::replace));  // lossy, as above
+    print_json_line(j);  // lossy (print_json_line), as above
   } else {
     print_text(path, r);
   }

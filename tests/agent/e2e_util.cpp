@@ -11,6 +11,7 @@
 
 #include "agent/command_runner.h"
 #include "agent/process.h"
+#include "base/strings.h"
 
 namespace fathom::agent::test {
 
@@ -34,13 +35,6 @@ ScriptedEndpoint::Step reply(json message) {
 
 namespace {
 
-// A position at or before n that does not split a UTF-8 character (a JSON string must be whole
-// characters; servers send deltas of whole characters).
-size_t char_start(const std::string& s, size_t n) {
-  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return n;
-}
-
 // The message as an SSE stream: text in small pieces, each tool call's name then its arguments in
 // two halves, the way real servers fragment them.
 std::string to_sse(const json& m, int64_t prompt_tokens) {
@@ -55,9 +49,9 @@ std::string to_sse(const json& m, int64_t prompt_tokens) {
   chunk({{"role", "assistant"}});
   if (m.contains("content") && m["content"].is_string()) {
     const std::string t = m["content"];
+    // Pieces of about 7 bytes, whole characters each (servers send deltas of whole characters).
     for (size_t i = 0, next; i < t.size(); i = next) {
-      next = std::max(char_start(t, std::min(i + 7, t.size())), i + 1);
-      while (next < t.size() && (static_cast<unsigned char>(t[next]) & 0xC0) == 0x80) ++next;
+      next = utf8_ceil(t, std::max(utf8_floor(t, i + 7), i + 1));
       chunk({{"content", t.substr(i, next - i)}});
     }
   }
@@ -65,7 +59,7 @@ std::string to_sse(const json& m, int64_t prompt_tokens) {
     for (size_t i = 0; i < m["tool_calls"].size(); ++i) {
       const json& tc = m["tool_calls"][i];
       const std::string args = tc["function"].value("arguments", "");
-      const size_t half = char_start(args, args.size() / 2);
+      const size_t half = utf8_floor(args, args.size() / 2);
       chunk({{"tool_calls",
               json::array({{{"index", i},
                             {"id", tc.value("id", "")},

@@ -31,14 +31,6 @@ def tools_json(workspace, *extra):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def materialise(ws, root):
-    for path, content in ws.items():
-        full = os.path.join(root, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w", encoding="utf-8") as f:
-            f.write(content)
-
-
 def main():
     seed = int(os.environ.get("FATHOM_TEST_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (FATHOM_TEST_SEED to repeat)")
@@ -72,7 +64,7 @@ def main():
             per_kind[kind["key"]] += 1
             root = os.path.join(tmp, f"ws{n}")
             os.mkdir(root)
-            materialise(ws, root)
+            agent_tasks.materialise(ws, root)
             got = tools_json(root, "--call", kind["tool"], "--args", json.dumps(args))["result"]
             text_got = ("Error: " if got["is_error"] else "") + got["text"]
             assert text_got == result, f"{kind['key']} {args}:\nplugin: {text_got!r}\ncorpus: {result!r}"

@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
 sys.path.insert(0, os.path.join(SRC, "scripts"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util  # noqa: E402
-import argparse  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -149,9 +148,8 @@ def agent_run(url):
     runs by default, greedy."""
     r = random.Random(20261201)
     tasks = [agent_tasks.heldout_task(r) for _ in range(N_AGENT)]
-    a = argparse.Namespace(fathom=os.path.abspath(BIN), url=url + "/v1", model="m", max_steps=3, temperature=0.0)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [eval_agent.run_task(t, a, tmp, i) for i, t in enumerate(tasks)]
+        rows = [eval_agent.run_task(t, os.path.abspath(BIN), url + "/v1", "m", tmp, i) for i, t in enumerate(tasks)]
     for row in rows:
         print(f"agent {row['kind']:12s} tool={row['tool']:d} args={row['args']:d} done={row['done']:d} "
               f"{row['task']!r} -> {row['called']} {row['arguments']} {row['final_text'][:80]!r}")
