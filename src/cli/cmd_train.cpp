@@ -108,6 +108,10 @@ int run_train(int argc, char** argv) {
               "build N heads of decoder layer 0 as previous-token heads at initialisation (the first half "
               "of the induction circuit that copying from the context needs; docs/train.md)",
               "N");
+  args.flag("--induction-heads", &o.induction_heads,
+            "build the whole induction circuit at initialisation: a previous-token head in layer 0 and a "
+            "head in layer 1 that copies the token which followed the current token's earlier occurrence; "
+            "other residual branches start at zero (docs/train.md)");
   args.flag("--bf16", &o.bf16_gemms,
             "compute the matrix products in bf16 where AMX tiles run them (fp32 master weights, optimizer "
             "and other ops; docs/train.md)");

@@ -141,6 +141,72 @@ TEST(TrainModel, RouterBiasMovesTowardBalance) {
   }
 }
 
+// --induction-heads: at initialisation the model already copies. A random span followed by the same
+// span again: in the repeat, the next token is the argmax of the logits nearly everywhere (the
+// first token of the repeat has no earlier occurrence of its predecessor's successor to find, so
+// it is not scored). A plain initialisation, or a previous-token head alone, copies nothing.
+// Shapes of the default model (docs/MODEL.md), with q LoRA and with q_proj.
+double induction_copy_rate(bool q_lora, int mode, uint64_t seed) {
+  ModelConfig c = testing::tiny_config(q_lora);
+  c.vocab_size = 8192;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.moe_intermediate_size = 128;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = c.num_key_value_heads = 8;
+  c.n_routed_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.q_lora_rank = q_lora ? 128 : 0;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = c.qk_rope_head_dim = c.v_head_dim = 32;
+  c.max_position_embeddings = 4096;
+  c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
+  auto layout = make_param_layout(c, false);
+  EXPECT_TRUE(layout.ok()) << layout.status().to_string();
+  EXPECT_TRUE(check_induction_shape(c).ok());
+  auto p = make_params<float>(*layout);
+  Rng rng(seed);
+  init_params(p, rng.next_u64(), 1.0, mode > 0 ? 1 : 0);
+  if (mode == 2) seed_induction_circuit(p, rng.next_u64());
+  const int64_t span = 300, n = 1 + 2 * span;
+  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n), -1);
+  tokens[0] = 0;
+  for (int64_t i = 1; i <= span; ++i)
+    tokens[static_cast<size_t>(i)] = static_cast<int32_t>(2 + rng.below(8190));
+  for (int64_t i = 1; i <= span; ++i) tokens[static_cast<size_t>(span + i)] = tokens[static_cast<size_t>(i)];
+  auto ctx = make_model_context<float>();
+  const TrainOptions options{.all_logits = true};
+  EXPECT_TRUE(model_forward(p, {1, n}, tokens, targets, options, *ctx).ok());
+  const auto logits = model_logits(*ctx);
+  int64_t right = 0, scored = 0;
+  for (int64_t i = span + 1; i + 1 < n; ++i) {
+    const float* row = logits.data() + i * c.vocab_size;
+    const int64_t best = std::max_element(row, row + c.vocab_size) - row;
+    right += best == tokens[static_cast<size_t>(i + 1)];
+    ++scored;
+  }
+  return static_cast<double>(right) / static_cast<double>(scored);
+}
+
+TEST(TrainModel, InductionHeadsCopyAtInitialisation) {
+  for (bool q_lora : {true, false}) {
+    const uint64_t seed = testing::fresh_seed(q_lora ? "induction, q LoRA" : "induction, q_proj");
+    EXPECT_LT(induction_copy_rate(q_lora, 0, seed), 0.05) << "plain initialisation";
+    EXPECT_LT(induction_copy_rate(q_lora, 1, seed), 0.05) << "a previous-token head alone";
+    const double rate = induction_copy_rate(q_lora, 2, seed);
+    EXPECT_GT(rate, 0.8) << "the induction circuit";
+  }
+}
+
+TEST(TrainModel, InductionHeadsNeedRoomInTheShape) {
+  ModelConfig c = testing::tiny_config();  // hidden 12, kv_lora_rank 8: far too small
+  const Status s = check_induction_shape(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("8 or more dimensions"), std::string::npos) << s.to_string();
+  c.num_hidden_layers = 1;
+  EXPECT_NE(check_induction_shape(c).message().find("at least 2 layers"), std::string::npos);
+}
+
 TEST(TrainModel, BadInputIsRejectedWithAClearError) {
   auto layout = make_param_layout(testing::tiny_config(), true);
   ASSERT_TRUE(layout.ok());

@@ -1,10 +1,12 @@
 // The parameter slab (train.h): layout from the model's Hugging Face weight table (model/names.h),
 // named views, deterministic initialisation and import from a safetensors checkpoint.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include <fmt/ranges.h>
 
+#include "base/check.h"
 #include "base/rng.h"
 #include "formats/safetensors.h"
 #include "kernels/rope.h"
@@ -306,7 +308,185 @@ void seed_prev_token_heads(const PrevTokenPlan& plan, const ModelConfig& c, cons
   }
 }
 
+// --induction-heads: the whole induction circuit built in, on top of one previous-token head
+// (head 0 of layer 0, above). Copying a span seen once in the context (a file name from the
+// request, a tool name from the tool list) needs a head that finds where the current token
+// occurred before and copies the token that followed it; a small model meets that circuit only
+// after a long plateau (docs/MODEL.md, "Why no induction forms"). Here it works at step 0. With
+// m = min(32, qk_nope_head_dim, v_head_dim, kv_lora_rank / 2) and the hidden coordinates split
+// into 0 (the constant of the previous-token plan), S = [1, 1 + m), S2 = [1 + m, 1 + 2m) and the
+// rest F, where the embedding lives (its S and S2 columns start at zero):
+//   - layer 0, head 0 (the previous-token head): its value is A x_F (A: m random orthonormal rows
+//     over F), written into S: after layer 0, coordinates S hold the previous token's identity;
+//   - layer 1, head 0: key = what S holds (the previous token), query = A x_F (the current token),
+//     scaled so that a match wins the softmax by a wide margin; value = B x_F (this position's
+//     token, B another m orthonormal rows), written into S2;
+//   - the output head reads S2 through each token's own B projection, so a token that followed an
+//     earlier occurrence of the current token gains ~kCopyLogit nats;
+//   - every other residual branch (other heads' o_proj rows, MLP and expert down projections)
+//     starts at zero — the model starts as "bigram + copy" and training grows the rest.
+// Everything stays in DeepSeek-V3's shapes and is free to change in training.
+constexpr double kMatchLogit = 14.0;  // softmax logit of a perfectly matching key (layer 1, head 0)
+constexpr double kCopyLogit = 12.0;   // logit gained by the token the circuit copies
+
+int64_t induction_width(const ModelConfig& c) {
+  int64_t m = std::min(
+      {int64_t{32}, int64_t{c.qk_nope_head_dim}, int64_t{c.v_head_dim}, int64_t{c.kv_lora_rank} / 2});
+  if (c.q_lora_rank > 0) m = std::min<int64_t>(m, c.q_lora_rank - 1);
+  return m;
+}
+
+// m orthonormal rows of length n (Gram-Schmidt over Gaussian rows).
+std::vector<double> orthonormal_rows(int64_t m, int64_t n, Rng& rng) {
+  std::vector<double> a(static_cast<size_t>(m * n));
+  for (int64_t r = 0; r < m; ++r) {
+    double* row = a.data() + r * n;
+    for (;;) {
+      for (int64_t k = 0; k < n; ++k) row[k] = rng.normal();
+      for (int64_t q = 0; q < r; ++q) {
+        const double* prev = a.data() + q * n;
+        double dot = 0;
+        for (int64_t k = 0; k < n; ++k) dot += row[k] * prev[k];
+        for (int64_t k = 0; k < n; ++k) row[k] -= dot * prev[k];
+      }
+      double sq = 0;
+      for (int64_t k = 0; k < n; ++k) sq += row[k] * row[k];
+      if (sq < 1e-6) continue;
+      for (int64_t k = 0; k < n; ++k) row[k] /= std::sqrt(sq);
+      break;
+    }
+  }
+  return a;
+}
+
 }  // namespace
+
+Status check_induction_shape(const ModelConfig& c) {
+  const int64_t m = induction_width(c);
+  if (c.num_hidden_layers < 2) {
+    return invalid_argument("--induction-heads needs at least 2 layers (the model has {})",
+                            c.num_hidden_layers);
+  }
+  if (c.tie_word_embeddings) {
+    return invalid_argument("--induction-heads needs an untied output head (tie_word_embeddings is true)");
+  }
+  if (m < 8) {
+    return invalid_argument(
+        "--induction-heads needs 8 or more dimensions for keys and values (qk_nope_head_dim {}, v_head_dim "
+        "{}, "
+        "kv_lora_rank / 2 = {}, q_lora_rank - 1 = {})",
+        c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank / 2, c.q_lora_rank - 1);
+  }
+  if (c.hidden_size < 1 + 4 * m) {
+    return invalid_argument(
+        "--induction-heads needs hidden_size >= {} ({} reserved coordinates + as many for the embedding); it "
+        "is {}",
+        1 + 4 * m, 1 + 2 * m, c.hidden_size);
+  }
+  if (c.qk_rope_head_dim < 2) {
+    return invalid_argument("--induction-heads needs rotary dimensions (qk_rope_head_dim is {})",
+                            c.qk_rope_head_dim);
+  }
+  return {};
+}
+
+template <class T>
+void seed_induction_circuit(ModelParams<T>& params, uint64_t seed) {
+  const ModelConfig& c = params.layout->config;
+  CHECK(check_induction_shape(c).ok());
+  const int64_t m = induction_width(c), d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
+  const int64_t S = 1, S2 = 1 + m, F = 1 + 2 * m, nF = d - F;
+  const int64_t nope = c.qk_nope_head_dim, qk = nope + c.qk_rope_head_dim, vh = c.v_head_dim;
+  const int64_t kvl = c.kv_lora_rank, kvbw = nope + vh;
+  Rng rng(seed ^ 0x1dc7u);
+  const std::vector<double> A = orthonormal_rows(m, nF, rng), B = orthonormal_rows(m, nF, rng);
+
+  // Embedding: S and S2 start empty; F is scaled up to keep each row's energy over columns 1.. (so
+  // coordinate 0 after the input RMSNorm, which the previous-token plan set, stays the same).
+  double row_sq = 0, col0 = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    T* e = params.embed + v * d;
+    double before = 0, kept = 0;
+    for (int64_t k = 1; k < d; ++k) before += double(e[k]) * double(e[k]);
+    for (int64_t k = F; k < d; ++k) kept += double(e[k]) * double(e[k]);
+    const double s = kept > 0 ? std::sqrt(before / kept) : 1.0;
+    for (int64_t k = 1; k < F; ++k) e[k] = T(0);
+    for (int64_t k = F; k < d; ++k) e[k] = static_cast<T>(double(e[k]) * s);
+    if (v == 0) row_sq = before + double(e[0]) * double(e[0]), col0 = double(e[0]);
+  }
+  const double rms0 = std::sqrt(row_sq / double(d));  // every row's RMS (the plan made them equal)
+  const double rF = std::sqrt((row_sq - col0 * col0) / (rms0 * rms0) / double(nF));  // RMS of A x̂_F per row
+  const double beta = rms0;  // what S and S2 get written at
+  const double rms1 = std::sqrt((row_sq + beta * beta * double(m)) / double(d));
+  const double rmsf = std::sqrt((row_sq + 2.0 * beta * beta * double(m)) / double(d));
+
+  auto zero = [](T* w, int64_t n) { std::fill(w, w + n, T(0)); };
+  auto set_row_proj = [&](T* row, const double* proj, double scale) {  // row over d columns reading F
+    std::fill(row, row + d, T(0));
+    for (int64_t k = 0; k < nF; ++k) row[F + k] = static_cast<T>(proj[k] * scale);
+  };
+  const int64_t layers = c.num_hidden_layers;
+  for (int64_t l = 0; l < layers; ++l) {  // every residual branch starts at zero
+    LayerParams<T>& L = params.layers[static_cast<size_t>(l)];
+    zero(L.o, d * H * vh);
+    if (!L.moe) {
+      zero(L.mlp_down, d * c.intermediate_size);
+    } else {
+      for (T* w : L.exp_down) zero(w, d * c.moe_intermediate_size);
+      if (L.sh_down) zero(L.sh_down, d * c.moe_intermediate_size * c.n_shared_experts);
+    }
+  }
+  // Layer 0, head 0: value = A x̂_F (unit variance per coordinate), written into S.
+  {
+    LayerParams<T>& L = params.layers[0];
+    for (int64_t r = 0; r < m; ++r) set_row_proj(L.kv_a + r * d, A.data() + r * nF, 1.0 / rF);
+    T* kvb = L.kv_b;  // head 0: rows [0, nope) k_nope, [nope, nope + vh) v
+    zero(kvb, kvbw * kvl);
+    for (int64_t r = 0; r < m; ++r) kvb[(nope + r) * kvl + r] = T(1);
+    for (int64_t r = 0; r < m; ++r) L.o[(S + r) * (H * vh) + r] = static_cast<T>(beta);
+  }
+  // Layer 1, head 0: key from S, query A x̂_F, value B x̂_F written into S2.
+  {
+    LayerParams<T>& L = params.layers[1];
+    for (int64_t r = 0; r < m; ++r) {
+      T* row = L.kv_a + r * d;
+      std::fill(row, row + d, T(0));
+      row[S + r] = static_cast<T>(rms1 / beta);
+      set_row_proj(L.kv_a + (m + r) * d, B.data() + r * nF, rms1 / rms0 / rF);
+    }
+    T* kvb = L.kv_b;
+    zero(kvb, kvbw * kvl);
+    for (int64_t r = 0; r < m; ++r) {
+      kvb[r * kvl + r] = T(1);
+      kvb[(nope + r) * kvl + m + r] = T(1);
+    }
+    const double kappa = kMatchLogit / (c.softmax_scale() * double(m));
+    if (c.q_lora_rank > 0) {
+      const int64_t ql = c.q_lora_rank;
+      for (int64_t r = 0; r < m; ++r) set_row_proj(L.q_a + (1 + r) * d, A.data() + r * nF, rms1 / rms0 / rF);
+      zero(L.q_b, qk * ql);
+      for (int64_t r = 0; r < m; ++r) L.q_b[r * ql + 1 + r] = static_cast<T>(kappa);
+    } else {
+      zero(L.q, qk * d);
+      for (int64_t r = 0; r < m; ++r) set_row_proj(L.q + r * d, A.data() + r * nF, kappa * rms1 / rms0 / rF);
+    }
+    for (int64_t r = 0; r < m; ++r) L.o[(S2 + r) * (H * vh) + r] = static_cast<T>(beta);
+  }
+  // Output head: S2 read through each token's own B projection; S not read.
+  const double lambda = kCopyLogit * rmsf / (beta * double(m));
+  std::vector<double> x(static_cast<size_t>(nF));
+  for (int64_t v = 0; v < V; ++v) {
+    const T* e = params.embed + v * d;
+    T* h = params.head + v * d;
+    for (int64_t k = 0; k < nF; ++k) x[static_cast<size_t>(k)] = double(e[F + k]) / rms0;
+    for (int64_t r = 0; r < m; ++r) {
+      double u = 0;
+      for (int64_t k = 0; k < nF; ++k) u += B[static_cast<size_t>(r * nF + k)] * x[static_cast<size_t>(k)];
+      h[S2 + r] = static_cast<T>(lambda * u / rF);
+      h[S + r] = T(0);
+    }
+  }
+}
 
 template <class T>
 void init_params(ModelParams<T>& params, uint64_t seed, double init_scale, int prev_token_heads) {
@@ -364,5 +544,7 @@ template ModelParams<float> make_params<float>(const ParamLayout&);
 template ModelParams<double> make_params<double>(const ParamLayout&);
 template void init_params<float>(ModelParams<float>&, uint64_t, double, int);
 template void init_params<double>(ModelParams<double>&, uint64_t, double, int);
+template void seed_induction_circuit<float>(ModelParams<float>&, uint64_t);
+template void seed_induction_circuit<double>(ModelParams<double>&, uint64_t);
 
 }  // namespace fathom::train

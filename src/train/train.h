@@ -114,6 +114,13 @@ ModelParams<T> make_params(const ParamLayout& layout);
 // half of the induction circuit a model needs to copy from its context.
 template <class T>
 void init_params(ModelParams<T>& params, uint64_t seed, double init_scale = 1.0, int prev_token_heads = 0);
+// The rest of the induction circuit on top of init_params(..., prev_token_heads >= 1): head 0 of
+// layer 1 finds the earlier position whose previous token is the current token and copies its
+// token into the output head; every other residual branch starts at zero (params.cpp,
+// docs/train.md). check_induction_shape() says whether a config can hold it.
+Status check_induction_shape(const ModelConfig& config);
+template <class T>
+void seed_induction_circuit(ModelParams<T>& params, uint64_t seed);
 
 // Reads every parameter from a Hugging Face checkpoint (f32/bf16/f16 tensors; errors name the
 // tensor whose shape or dtype does not fit). `path` is a directory or .safetensors file.

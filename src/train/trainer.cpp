@@ -51,6 +51,9 @@ Status validate_options(const ModelConfig& c, const TrainerOptions& o) {
     return invalid_argument("train: --prev-token-heads {} must be between 0 and the {} attention heads",
                             o.prev_token_heads, c.num_attention_heads);
   }
+  if (o.induction_heads) {
+    if (Status s = check_induction_shape(c); !s.ok()) return Status(s.code(), "train: " + s.message());
+  }
   if (o.prev_token_heads > 0 && c.qk_rope_head_dim < 2) {
     return invalid_argument("train: --prev-token-heads needs rotary dimensions (qk_rope_head_dim is {})",
                             c.qk_rope_head_dim);
@@ -140,7 +143,8 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
   set_gemm_precision(o.bf16_gemms ? GemmPrecision::kBf16 : GemmPrecision::kF32);
   ModelParams<float> params = make_params<float>(layout);
   ModelParams<float> grads = make_params<float>(layout);
-  init_params(params, o.seed, 1.0, o.prev_token_heads);
+  init_params(params, o.seed, 1.0, o.induction_heads ? std::max(o.prev_token_heads, 1) : o.prev_token_heads);
+  if (o.induction_heads) seed_induction_circuit(params, o.seed);
   if (!o.resume && !o.init_from.empty()) {
     const Status loaded = load_params_hf(params, o.init_from);
     if (!loaded.ok()) return Status(loaded.code(), fmt::format("train: --init-from: {}", loaded.message()));
@@ -187,6 +191,7 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
                         {"identity", identity},
                         {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from)},
                         {"prev_token_heads", o.prev_token_heads},
+                        {"induction_heads", o.induction_heads},
                         {"lr", o.schedule.lr},
                         {"min_lr", o.schedule.min_lr},
                         {"warmup", o.schedule.warmup},

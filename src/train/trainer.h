@@ -179,6 +179,9 @@ struct TrainerOptions {
   // Heads of decoder layer 0 built as previous-token heads at initialisation (init_params);
   // 0: a plain random initialisation. Ignored on --resume and with init_from.
   int prev_token_heads = 0;
+  // The whole induction circuit built in at initialisation (seed_induction_circuit; implies one
+  // previous-token head). Ignored on --resume and with init_from.
+  bool induction_heads = false;
   // The GEMMs in bf16 where AMX runs them (gemm.h, GemmPrecision::kBf16); fp32 master weights,
   // optimizer and every other op either way. Part of the run's identity: a resume keeps it.
   bool bf16_gemms = false;

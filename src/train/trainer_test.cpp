@@ -357,6 +357,11 @@ TEST_F(TrainRun, BadDataAndShapesAreRejectedWithClearErrors) {
   o.prev_token_heads = c.num_attention_heads + 1;
   EXPECT_NE(train_model(c, o).status().to_string().find("--prev-token-heads"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(tmp("prev") + "/checkpoint.bin"));
+  o = small_run(d, tmp("induction"), 2);
+  o.induction_heads = true;  // the tiny test shape has no room for the circuit
+  const std::string err = train_model(c, o).status().to_string();
+  EXPECT_NE(err.find("--induction-heads needs"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(tmp("induction") + "/checkpoint.bin"));
 }
 
 TEST_F(TrainRun, LossMasksTurnUnscoredTargetsIntoIgnoredOnes) {
