@@ -183,15 +183,9 @@ TEST(TrainLayers, MlaWithQProjBackwardMatchesFiniteDifferences) {
 void check_prev_token_heads(bool q_lora) {
   Rng rng(testing::fresh_seed(q_lora ? "previous-token heads, q LoRA" : "previous-token heads, q_proj"));
   ModelConfig c = testing::tiny_config(q_lora);  // then the tiny preset's attention shape
+  testing::default_attention_shape(c, q_lora);
   c.vocab_size = 512;
-  c.hidden_size = 256;
   c.num_hidden_layers = 1;
-  c.num_attention_heads = c.num_key_value_heads = 8;
-  c.q_lora_rank = q_lora ? 128 : 0;
-  c.kv_lora_rank = 64;
-  c.qk_nope_head_dim = c.qk_rope_head_dim = c.v_head_dim = 32;
-  c.max_position_embeddings = 4096;
-  c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
   auto layout = make_param_layout(c, false);
   ASSERT_TRUE(layout.ok()) << layout.status().to_string();
   const SeqShape shape{1, 384};

@@ -148,19 +148,13 @@ TEST(TrainModel, RouterBiasMovesTowardBalance) {
 // Shapes of the default model (docs/MODEL.md), with q LoRA and with q_proj.
 double induction_copy_rate(bool q_lora, int mode, uint64_t seed) {
   ModelConfig c = testing::tiny_config(q_lora);
+  testing::default_attention_shape(c, q_lora);
   c.vocab_size = 8192;
-  c.hidden_size = 256;
   c.intermediate_size = 512;
   c.moe_intermediate_size = 128;
   c.num_hidden_layers = 4;
-  c.num_attention_heads = c.num_key_value_heads = 8;
   c.n_routed_experts = 16;
   c.num_experts_per_tok = 4;
-  c.q_lora_rank = q_lora ? 128 : 0;
-  c.kv_lora_rank = 64;
-  c.qk_nope_head_dim = c.qk_rope_head_dim = c.v_head_dim = 32;
-  c.max_position_embeddings = 4096;
-  c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
   auto layout = make_param_layout(c, false);
   EXPECT_TRUE(layout.ok()) << layout.status().to_string();
   EXPECT_TRUE(check_induction_shape(c).ok());

@@ -55,6 +55,18 @@ inline ModelConfig tiny_config(bool q_lora = true) {
   return c;
 }
 
+// The default model's attention shape (docs/MODEL.md: 8 heads, q LoRA 128 or q_proj, latent 64,
+// 32-wide nope / rope / v dims, YaRN x4 over 4096 positions) on top of tiny_config's other fields.
+inline void default_attention_shape(ModelConfig& c, bool q_lora) {
+  c.hidden_size = 256;
+  c.num_attention_heads = c.num_key_value_heads = 8;
+  c.q_lora_rank = q_lora ? 128 : 0;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = c.qk_rope_head_dim = c.v_head_dim = 32;
+  c.max_position_embeddings = 4096;
+  c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
+}
+
 inline void fill_uniform(std::vector<double>& v, Rng& rng, double a = 1.0) {
   for (double& x : v) x = a * (2.0 * rng.uniform() - 1.0);
 }
