@@ -32,21 +32,17 @@ std::string namespaced_tool_name(const std::string& plugin, const std::string& t
 }
 
 nlohmann::ordered_json openai_tool_specs(const std::vector<ToolEntry>& tools) {
-  constexpr size_t kMaxDescription = 2000;
+  constexpr size_t kMaxDescription = 2000;  // bytes, cut at a character boundary (utf8_prefix)
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& t : tools) {
-    // Cut at a character boundary: half a UTF-8 sequence would make the request unserialisable.
-    size_t cut = std::min(t.description.size(), kMaxDescription);
-    while (cut < t.description.size() && cut > 0 &&
-           (static_cast<unsigned char>(t.description[cut]) & 0xC0) == 0x80)
-      --cut;
     nlohmann::ordered_json params = t.input_schema.is_object() && !t.input_schema.empty()
                                         ? t.input_schema
                                         : nlohmann::ordered_json{{"type", "object"}};
-    out.push_back(
-        {{"type", "function"},
-         {"function",
-          {{"name", t.name}, {"description", t.description.substr(0, cut)}, {"parameters", params}}}});
+    out.push_back({{"type", "function"},
+                   {"function",
+                    {{"name", t.name},
+                     {"description", utf8_prefix(t.description, kMaxDescription)},
+                     {"parameters", params}}}});
   }
   return out;
 }

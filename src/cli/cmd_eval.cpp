@@ -65,7 +65,7 @@ Status tools(const ToolsOptions& o) {
                         {"request_errors", r.n_errors},
                         {"seconds", r.seconds},
                         {"examples", r.examples}};
-    print_json_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    print_json_line(j);
   }
   return {};
 }

@@ -8,6 +8,7 @@
 
 #include "base/fs.h"
 #include "base/progress.h"
+#include "base/strings.h"
 #include "cli/args.h"
 #include "cli/command.h"
 #include "formats/gguf.h"
@@ -92,7 +93,7 @@ void print_text(const std::string& path, const Report& r) {
       std::string v = it.value().is_string()
                           ? it.value().get<std::string>()
                           : it.value().dump(-1, ' ', false, json::error_handler_t::replace);
-      if (v.size() > 100) v = v.substr(0, 97) + "...";
+      if (v.size() > 100) v = utf8_prefix(v, 97) + "...";
       std::printf("  %-48s %s\n", it.key().c_str(), v.c_str());
     }
   }

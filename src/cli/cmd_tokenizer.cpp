@@ -185,7 +185,7 @@ Status render(const std::string& path, bool ids, bool json) {
   }
   nlohmann::json out = {{"prompt", prompt}};
   if (ids) out["ids"] = TRY(tok->encode(prompt));
-  print_json_line(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  print_json_line(out);
   return {};
 }
 
@@ -220,7 +220,7 @@ int run_parse(int argc, char** argv) {
   }
   nlohmann::json out = {{"content", p.content}, {"tool_calls", calls}};
   if (!p.error.ok()) out["error"] = p.error.message();
-  print_json_line(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  print_json_line(out);
   return 0;
 }
 

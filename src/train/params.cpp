@@ -403,7 +403,6 @@ void seed_induction_circuit(ModelParams<T>& params, uint64_t seed) {
 
   // Embedding: S and S2 start empty; F is scaled up to keep each row's energy over columns 1.. (so
   // coordinate 0 after the input RMSNorm, which the previous-token plan set, stays the same).
-  double row_sq = 0, col0 = 0;
   for (int64_t v = 0; v < V; ++v) {
     T* e = params.embed + v * d;
     double before = 0, kept = 0;
@@ -412,9 +411,12 @@ void seed_induction_circuit(ModelParams<T>& params, uint64_t seed) {
     const double s = kept > 0 ? std::sqrt(before / kept) : 1.0;
     for (int64_t k = 1; k < F; ++k) e[k] = T(0);
     for (int64_t k = F; k < d; ++k) e[k] = static_cast<T>(double(e[k]) * s);
-    if (v == 0) row_sq = before + double(e[0]) * double(e[0]), col0 = double(e[0]);
   }
-  const double rms0 = std::sqrt(row_sq / double(d));  // every row's RMS (the plan made them equal)
+  // Every row has the same energy (the previous-token plan equalised them): row 0 stands for all.
+  double row_sq = 0;
+  for (int64_t k = 0; k < d; ++k) row_sq += double(params.embed[k]) * double(params.embed[k]);
+  const double col0 = double(params.embed[0]);
+  const double rms0 = std::sqrt(row_sq / double(d));                                 // every row's RMS
   const double rF = std::sqrt((row_sq - col0 * col0) / (rms0 * rms0) / double(nF));  // RMS of A x̂_F per row
   const double beta = rms0;  // what S and S2 get written at
   const double rms1 = std::sqrt((row_sq + beta * beta * double(m)) / double(d));
