@@ -99,6 +99,9 @@ Status generate(const GenerateOptions& o) {
     ++generated;
     sampler.add_generated(r.token);
     if (r.token == tok.eos_id()) break;
+    // A chat reply ends at any chat marker (they are not flagged special, so the decoder would
+    // print them): as the server does (docs/server.md, "Responses"). --raw shows everything.
+    if (o.chat && !o.raw && tok.token_type(r.token) == TokenType::kControl && !tok.is_special(r.token)) break;
     text.clear();
     TRY(stream.push(r.token, &text));
     if (!quiet) {
@@ -132,7 +135,9 @@ int run_generate(int argc, char** argv) {
   args.option("--model", &o.model, "Hugging Face model directory or GGUF file", "PATH");
   args.model_load_options();
   args.option("--prompt", &o.prompt, "raw text (BOS added as the tokenizer says)", "TEXT");
-  args.option("--chat", &o.chat, "a user message, rendered with the chat template", "TEXT");
+  args.option("--chat", &o.chat,
+              "a user message, rendered with the chat template; the reply ends at EOS or a chat marker",
+              "TEXT");
   args.option("--max-tokens", &o.max_tokens, "tokens to generate");
   args.option("--temperature", &o.temperature, "0 = greedy");
   args.option("--top-p", &o.top_p, "nucleus sampling");

@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -143,9 +144,11 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   GenerationRequest gen = std::move(cr.gen);
   gen.prompt = std::move(*prompt);
   gen.json_object = cr.json_object;
+  gen.stop_tokens.insert(gen.stop_tokens.end(), turn_end_ids.begin(), turn_end_ids.end());
+  if (!ctx.tools_active)
+    gen.stop_tokens.insert(gen.stop_tokens.end(), tool_marker_ids.begin(), tool_marker_ids.end());
   if (ctx.tools_active) {
     gen.keep_special_tokens = tool_marker_ids;
-    if (tool_outputs_begin != kNoToken) gen.stop_tokens.push_back(tool_outputs_begin);
     if (options.constrain_tool_names) {
       for (const ToolDefinition& t : cr.tools) {
         gen.tool_names.push_back(t.name);
@@ -447,7 +450,14 @@ Result<std::unique_ptr<Server>> Server::create(Engine& engine, const ServerOptio
   for (int32_t id : {ct.tool_calls_begin, ct.tool_calls_end, ct.tool_call_begin, ct.tool_call_end, ct.tool_sep}) {
     if (id != kNoToken) impl->tool_marker_ids.push_back(id);
   }
-  impl->tool_outputs_begin = ct.tool_outputs_begin;
+  const Tokenizer& tok = impl->model->tokenizer();
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.token_type(id) != TokenType::kControl || tok.is_special(id) || id == tok.eos_id()) continue;
+    if (std::find(impl->tool_marker_ids.begin(), impl->tool_marker_ids.end(), id) !=
+        impl->tool_marker_ids.end())
+      continue;
+    impl->turn_end_ids.push_back(id);
+  }
   impl->install_routes();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }

@@ -44,10 +44,15 @@ struct Server::Impl {
   int bound_port = -1;
   std::unique_ptr<httplib::Server> http;
   std::unique_ptr<ChatPromptBuilder> builder;
+  // The five markers a tool call is written with: kept in the reply's text (the parser reads them)
+  // when the request offers tools; otherwise a reply that starts a call ends there.
   std::vector<int32_t> tool_marker_ids;
-  // <｜tool▁outputs▁begin｜>: only the client writes tool outputs, so a reply that starts one has
-  // ended its tool calls; generation stops there when tools are active.
-  int32_t tool_outputs_begin = -1;
+  // Every other control token the detokenizer would keep as text (DeepSeek-V3's chat markers are
+  // added tokens not flagged special: <｜User｜>, <｜Assistant｜>, the tool-output markers, FIM):
+  // none of them can be part of an assistant's reply, so a chat reply that produces one has ended
+  // its turn. Generation stops there and the marker never reaches `content`. Among them is
+  // <｜tool▁outputs▁begin｜>: only the client writes tool outputs.
+  std::vector<int32_t> turn_end_ids;
   std::mutex mu;
   std::map<std::pair<std::string, int>, int64_t> requests;  // (route, status) -> count
   size_t next_test_output = 0;                               // into options.test_outputs (under mu)

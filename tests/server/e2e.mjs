@@ -137,10 +137,41 @@ await check('a reply that starts tool outputs ends there (only the client writes
   assert.equal(c.message.tool_calls.length, 1);
   assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
   assert.ok(!(c.message.content ?? '').includes('99'), c.message.content);
-  // without tools the same text is plain output and runs to its end
+  // without tools no call can start: the reply ends at the first marker, and no marker reaches content
   const plain = await client.chat.completions.create({ model: 'default', messages: user('Weather in Paris?'),
-                                                      fathom_test_output: out });
-  assert.ok(plain.usage.completion_tokens > r.usage.completion_tokens);
+                                                      fathom_test_output: 'It may rain.' + out });
+  assert.equal(plain.choices[0].finish_reason, 'stop');
+  assert.equal(plain.choices[0].message.content, 'It may rain.');
+  assert.equal(plain.choices[0].message.tool_calls, undefined);
+});
+
+// DeepSeek-V3's chat markers are added tokens not flagged special, so a detokenizer keeps their
+// text; a reply that produces one (a confused model re-writing a tool output, or starting the next
+// user turn) has ended its turn, and the marker must not reach the client.
+await check('a chat marker ends the reply and never reaches content (streamed and not)', async () => {
+  const history = [...user('Run ls'), { role: 'assistant', content: null, tool_calls: [
+                     { id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+                   { role: 'tool', tool_call_id: 'call_1', content: 'app\n' }];
+  const cases = [
+    ['Exit status 0.<｜tool▁output▁end｜><｜tool▁outputs▁end｜>It is done.', 'Exit status 0.', history, tools],
+    ['Sure.<｜User｜>And now?', 'Sure.', user('Hi'), undefined],
+    ['Fine<｜Assistant｜>again', 'Fine', user('Hi'), tools],
+    ['x<｜tool▁output▁begin｜>y', 'x', history, undefined],
+  ];
+  for (const [out, want, messages, t] of cases) {
+    const r = await client.chat.completions.create({ model: 'default', messages, tools: t, fathom_test_output: out });
+    assert.equal(r.choices[0].finish_reason, 'stop', out);
+    assert.equal(r.choices[0].message.content, want, out);
+    const s = await client.chat.completions.create({ model: 'default', messages, tools: t, stream: true,
+                                                    fathom_test_output: out });
+    let content = '', finish = null;
+    for await (const chunk of s) {
+      content += chunk.choices[0]?.delta?.content ?? '';
+      if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    }
+    assert.equal(finish, 'stop', out);
+    assert.equal(content, want, out);
+  }
 });
 
 await check('streamed tool call arrives as tool_calls deltas', async () => {
