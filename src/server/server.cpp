@@ -98,29 +98,36 @@ Server::Impl::Collected Server::Impl::collect(const std::shared_ptr<RequestStrea
   }
 }
 
+std::string Server::Impl::without_markers(std::string text) const {
+  for (const std::string& m : marker_texts) {
+    for (size_t at = text.find(m); at != std::string::npos; at = text.find(m, at)) text.erase(at, m.size());
+  }
+  return text;
+}
+
 // The tool-call view of a finished chat completion (see server_impl.h).
 Server::Impl::ChatOutcome Server::Impl::chat_outcome(const ChatContext& ctx, const Collected& c) const {
   ChatOutcome o;
   o.finish = finish_reason_name(c.finish);
   if (!ctx.tools_active) {
-    o.content = c.text;
+    o.content = without_markers(c.text);
     return o;
   }
   ParsedToolCalls p = parse_tool_calls(ctx.forced_prefix + c.text);
   if (p.error.ok() && !p.tool_calls.empty()) {
     o.tool_calls = p.tool_calls;
-    o.content = p.content;
+    o.content = without_markers(p.content);
     if (c.finish == FinishReason::kStop) o.finish = "tool_calls";
     return o;
   }
   if (p.tool_calls.empty()) {
-    o.content = p.content;
+    o.content = without_markers(p.content);
     return o;
   }
   // A call cut off (by max_tokens): the complete ones stay calls, the cut one becomes plain text.
   o.tool_calls.assign(p.tool_calls.begin(), p.tool_calls.end() - 1);
   const ToolCall& cut = p.tool_calls.back();
-  o.content = p.content + cut.name + "\n" + cut.arguments;
+  o.content = without_markers(p.content + cut.name + "\n" + cut.arguments);
   return o;
 }
 
@@ -144,9 +151,11 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   GenerationRequest gen = std::move(cr.gen);
   gen.prompt = std::move(*prompt);
   gen.json_object = cr.json_object;
-  gen.stop_tokens.insert(gen.stop_tokens.end(), turn_end_ids.begin(), turn_end_ids.end());
-  if (!ctx.tools_active)
-    gen.stop_tokens.insert(gen.stop_tokens.end(), tool_marker_ids.begin(), tool_marker_ids.end());
+  if (!gen.ignore_eos) {
+    gen.stop_tokens.insert(gen.stop_tokens.end(), turn_end_ids.begin(), turn_end_ids.end());
+    if (!ctx.tools_active)
+      gen.stop_tokens.insert(gen.stop_tokens.end(), tool_marker_ids.begin(), tool_marker_ids.end());
+  }
   if (ctx.tools_active) {
     gen.keep_special_tokens = tool_marker_ids;
     if (options.constrain_tool_names) {
@@ -298,10 +307,10 @@ bool Server::Impl::write_chat_deltas(StreamState& st, const GenerationEvent& ev,
       d.content += tail.content;
       d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
     }
-    content = d.content;
+    content = without_markers(d.content);
     calls = d.tool_calls;
   } else {
-    content = ev.text;
+    content = without_markers(ev.text);
   }
   if (!emit_content(content)) return false;
   // Tool-call deltas are held until their call is complete, so a call cut off by max_tokens can
@@ -331,7 +340,7 @@ bool Server::Impl::write_chat_deltas(StreamState& st, const GenerationEvent& ev,
   if (truncated && !st.pending_calls.empty()) {
     std::string text;
     for (const auto& d : st.pending_calls.back()) text += d.name.empty() ? d.arguments : d.name + "\n" + d.arguments;
-    if (!emit_content(text)) return false;
+    if (!emit_content(without_markers(text))) return false;
   }
   return true;
 }
@@ -457,6 +466,10 @@ Result<std::unique_ptr<Server>> Server::create(Engine& engine, const ServerOptio
         impl->tool_marker_ids.end())
       continue;
     impl->turn_end_ids.push_back(id);
+  }
+  for (const auto* ids : {&impl->tool_marker_ids, &impl->turn_end_ids}) {
+    for (int32_t id : *ids)
+      if (auto text = tok.token_bytes(id); text.ok() && !text->empty()) impl->marker_texts.push_back(*text);
   }
   impl->install_routes();
   return std::unique_ptr<Server>(new Server(std::move(impl)));

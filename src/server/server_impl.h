@@ -47,11 +47,17 @@ struct Server::Impl {
   // The five markers a tool call is written with: kept in the reply's text (the parser reads them)
   // when the request offers tools; otherwise a reply that starts a call ends there.
   std::vector<int32_t> tool_marker_ids;
+  // The text of every marker here. A reply's stray or malformed call markup comes back as plain
+  // content (the parser passes it through), and with `ignore_eos` a reply runs on past the markers
+  // that end a turn; the markers themselves are cut out of `content` either way.
+  std::vector<std::string> marker_texts;
+  std::string without_markers(std::string text) const;
   // Every other control token the detokenizer would keep as text (DeepSeek-V3's chat markers are
   // added tokens not flagged special: <｜User｜>, <｜Assistant｜>, the tool-output markers, FIM):
   // none of them can be part of an assistant's reply, so a chat reply that produces one has ended
-  // its turn. Generation stops there and the marker never reaches `content`. Among them is
-  // <｜tool▁outputs▁begin｜>: only the client writes tool outputs.
+  // its turn. Generation stops there (unless the request sets `ignore_eos`, which treats them as
+  // it treats EOS) and the marker never reaches `content`. Among them is <｜tool▁outputs▁begin｜>:
+  // only the client writes tool outputs.
   std::vector<int32_t> turn_end_ids;
   std::mutex mu;
   std::map<std::pair<std::string, int>, int64_t> requests;  // (route, status) -> count

@@ -172,6 +172,10 @@ await check('a chat marker ends the reply and never reaches content (streamed an
     assert.equal(finish, 'stop', out);
     assert.equal(content, want, out);
   }
+  // ignore_eos treats the markers as it treats EOS: the reply runs on, the markers are cut out
+  const r = await client.chat.completions.create({ model: 'default', messages: user('Hi'), ignore_eos: true, max_tokens: 20,
+                                                  fathom_test_output: 'Sure.<｜User｜>And<｜tool▁call▁begin｜> now?' });
+  assert.equal(r.choices[0].message.content, 'Sure.And now?');
 });
 
 await check('streamed tool call arrives as tool_calls deltas', async () => {
@@ -198,22 +202,28 @@ await check('streamed tool call arrives as tool_calls deltas', async () => {
 const MALFORMED = [
   'text <｜tool▁call▁begin｜> junk <｜tool▁sep｜>',
   '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+  'There is the station\\n"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
   'a <｜tool▁calls▁begin｜>',
   'b <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city"',
   '<｜tool▁outputs▁begin｜> x <｜tool▁call▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜><｜tool▁sep｜>',
   '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>' +
     '<｜tool▁call▁begin｜>function<｜tool▁sep｜>',
 ];
-await check('malformed tool-call markup never crashes the server (streamed and not)', async () => {
+await check('malformed tool-call markup never crashes the server nor reaches content (streamed and not)', async () => {
   for (const out of MALFORMED) {
     const r = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools,
                                                     fathom_test_output: out });
     assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason), out);
+    assert.ok(!SPECIALS.test(r.choices[0].message.content ?? ''), `${out} -> ${r.choices[0].message.content}`);
     const s = await client.chat.completions.create({ model: 'default', messages: user('Weather?'), tools,
                                                     stream: true, fathom_test_output: out });
-    let finish = null;
-    for await (const chunk of s) if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    let finish = null, content = '';
+    for await (const chunk of s) {
+      content += chunk.choices[0]?.delta?.content ?? '';
+      if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    }
     assert.ok(['stop', 'length', 'tool_calls'].includes(finish), out);
+    assert.ok(!SPECIALS.test(content), `${out} -> ${content} (streamed)`);
   }
   assert.equal((await raw('GET', '/health')).status, 200);
 });
@@ -315,7 +325,9 @@ await check('64 concurrent streams all complete', async () => {
 
 await check('a client that disconnects mid-stream releases its pages', async () => {
   const ctl = new AbortController();
-  const s = await client.chat.completions.create({ ...req, max_tokens: 1500, stream: true }, { signal: ctl.signal });
+  // ignore_eos: the random model's greedy reply would end at a chat marker after ~50 tokens
+  const s = await client.chat.completions.create({ ...req, max_tokens: 1500, ignore_eos: true, stream: true },
+                                                 { signal: ctl.signal });
   let n = 0;
   try {
     for await (const chunk of s) {
