@@ -9,7 +9,8 @@
 # tasks with the real files and shell plugins' tool definitions, scripts/corpus/agent_tasks.py;
 # default 0; >0 also writes heldout_agent.jsonl), TOKENIZER (a directory holding tokenizer.json and
 # tokenizer_config.json to reuse, e.g. a model's, instead of training one: a later training stage
-# keeps its model's vocabulary).
+# keeps its model's vocabulary), PRE (the trained tokenizer's pre-tokenizer, default deepseek-v3;
+# fathom-isolated keeps a word the same tokens after a space or a quote, docs/MODEL.md).
 # Writes OUT_DIR/{meta.json,train.bin,val.bin,tokenizer.json,tokenizer_config.json,
 # heldout_tools.jsonl,sources.tsv,split.json,unigram.json}; intermediate files go to OUT_DIR/work.
 # Idempotent: a rerun rewrites every output with the same bytes.
@@ -33,6 +34,7 @@ fathom="${FATHOM:-$root/build/bin/fathom}"
 conversations="${CONVERSATIONS:-36000}"
 docs_mb="${DOCS_MB:-18}"
 vocab="${VOCAB:-8192}"
+pre="${PRE:-deepseek-v3}"
 heldout="${HELDOUT:-400}"
 agent_share="${AGENT_SHARE:-0}"
 [[ -x "$fathom" ]] || { echo "$0: $fathom is not built (make build, or set FATHOM)" >&2; exit 1; }
@@ -65,8 +67,8 @@ if [[ -n "${TOKENIZER:-}" ]]; then
 else
   step "rendering text for tokenizer training"
   "$fathom" corpus render --plain --out "$work/tokenizer_train.txt" "$work/docs.jsonl" "$work/chat.jsonl"
-  step "training the tokenizer (vocabulary $vocab)"
-  "$fathom" tokenizer train --vocab-size "$vocab" --out "$out/tokenizer.json" "$work/tokenizer_train.txt"
+  step "training the tokenizer (vocabulary $vocab, pre-tokenizer $pre)"
+  "$fathom" tokenizer train --vocab-size "$vocab" --pre "$pre" --out "$out/tokenizer.json" "$work/tokenizer_train.txt"
 fi
 step "tokenizing into $out/train.bin and val.bin"
 mask_flag=()

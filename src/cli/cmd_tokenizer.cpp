@@ -102,9 +102,12 @@ int run_train(int argc, char** argv) {
   args.option("--out", &o.out, "tokenizer.json to write", "PATH");
   args.option("--config-out", &o.config_out, "tokenizer_config.json to write (default: beside --out)",
               "PATH");
-  args.option("--pre", &o.pre,
-              "pre-tokenizer (llama.cpp name): deepseek-v3, deepseek-llm, deepseek-coder, gpt2, llama-bpe",
-              "NAME");
+  args.option(
+      "--pre", &o.pre,
+      "pre-tokenizer: deepseek-v3, deepseek-llm, deepseek-coder, gpt2, llama-bpe (llama.cpp names), or "
+      "fathom-isolated (letters, punctuation and spaces each apart, so a word is the same tokens "
+      "after a space or a quote; GGUF exports of it are for Fathom only)",
+      "NAME");
   args.multi("--special", &o.special,
              "special token (repeat; first three are BOS, EOS, PAD; default DeepSeek-V3's)", "TOKEN");
   args.flag("--no-bos", &o.no_bos, "do not add BOS when encoding with special tokens");

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "base/log.h"
 #include "base/progress.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
@@ -449,6 +450,13 @@ Status write_gguf(const SynthOptions& o, const ModelConfig& c, const Tokenizer& 
   auto meta = gguf_model_metadata(c, fs::path(o.out).stem().string(), o.gguf_legacy_kvb);
   meta.emplace_back("general.file_type", GgufValue::u32(gguf_file_type(o.dtype)));
   const VocabData vocab = TRY(tok.vocab_data());
+  if (!vocab.pre_llama_cpp) {
+    log_warn(
+        "{}: the tokenizer's pre-tokenizer '{}' is Fathom's own: Fathom reads this GGUF, but llama.cpp "
+        "and other GGUF engines refuse it (llama.cpp: unknown pre-tokenizer type '{}'); use the Hugging "
+        "Face export there",
+        o.out, vocab.pre, vocab.pre);
+  }
   for (auto& kv : gguf_tokenizer_metadata(vocab, c.vocab_size)) meta.push_back(std::move(kv));
   GgufWriter writer = TRY(GgufWriter::create(o.out, meta, specs));
   std::unique_ptr<ProgressBar> bar;

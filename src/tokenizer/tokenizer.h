@@ -82,6 +82,7 @@ struct ChatTokenIds {
 struct VocabData {
   std::string model = "gpt2";        // tokenizer.ggml.model: byte-level BPE
   std::string pre;                   // tokenizer.ggml.pre: llama.cpp pre-tokenizer name, e.g. "deepseek-v3"
+  bool pre_llama_cpp = true;  // false: `pre` is Fathom's own name (fathom-isolated), which llama.cpp refuses
   std::vector<std::string> tokens;   // by id, in the model's vocabulary form (byte-level chars)
   std::vector<int32_t> token_types;  // TokenType values, one per token
   std::vector<std::string> merges;   // "a b", by rank

@@ -55,6 +55,7 @@ struct PreTokenizerPreset {
   std::vector<std::string> split_regexes;  // Split(Isolated) steps, in order
   bool byte_level_regex = false;           // ByteLevel(use_regex=true) instead of Splits
   bool ignore_merges = false;
+  bool llama_cpp = true;  // false: Fathom's own name, which llama.cpp's GGUF loader refuses
 };
 const std::vector<PreTokenizerPreset>& pre_tokenizer_presets();
 Result<const PreTokenizerPreset*> find_pre_tokenizer_preset(std::string_view name);

@@ -445,6 +445,69 @@ TEST(Trainer, IsDeterministicAndRespectsVocabSizeAndMinFrequency) {
   EXPECT_EQ(train_bpe({text}, p).status().code(), StatusCode::kUnimplemented);
 }
 
+// fathom-isolated: a value is the same tokens after a space in a request as inside a tool call's
+// JSON string, for made-up names the merges never saw whole; DeepSeek-V3's pre-tokenizer, trained
+// on the same text, spells most of them differently there. The preset survives tokenizer.json and
+// GGUF (VocabData) round trips, marked as not llama.cpp's.
+TEST(Trainer, IsolatedPreTokenizerSpellsAValueTheSameInARequestAndInACall) {
+  Rng rng(fresh_seed());
+  const char* parts[] = {"lo", "ne", "ta", "ri", "ko", "sa", "mu", "de", "pi", "ve"};
+  const char* ends[] = {".txt", ".csv", "/", ".sh", "", "_2", "-v1.json"};
+  const char* starts[] = {"", "", "./", "-", "../", "~/"};
+  auto name = [&] {
+    std::string n = starts[rng.below(std::size(starts))];
+    for (uint64_t i = 1 + rng.below(3); i > 0; --i) n += parts[rng.below(std::size(parts))];
+    return n + ends[rng.below(std::size(ends))];
+  };
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    const std::string n = name();
+    text += "Please open " + n + " and show it.\n{\"path\": \"" + n + "\"}\n";
+  }
+  BpeTrainParams p;
+  p.vocab_size = 700;
+  auto differs = [&](const Tokenizer& t, const std::string& v) {
+    auto ids = [&](const std::string& s) { return t.encode(s).value(); };
+    auto cat = [](std::vector<TokenId> a, const std::vector<TokenId>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    const bool request = ids(" " + v + " now") == cat(cat(ids(" "), ids(v)), ids(" now"));
+    const bool call = ids("{\"path\": \"" + v + "\"}") == cat(cat(ids("{\"path\": \""), ids(v)), ids("\"}"));
+    return !(request && call);
+  };
+  p.pre = "fathom-isolated";
+  auto iso = train_bpe({text}, p);
+  ASSERT_TRUE(iso.ok()) << iso.status().to_string();
+  p.pre = "deepseek-v3";
+  auto v3 = train_bpe({text}, p);
+  ASSERT_TRUE(v3.ok()) << v3.status().to_string();
+  auto ti = Tokenizer::from_json(iso->tokenizer_json, iso->tokenizer_config_json);
+  auto tv = Tokenizer::from_json(v3->tokenizer_json, v3->tokenizer_config_json);
+  ASSERT_TRUE(ti.ok() && tv.ok());
+  int iso_differs = 0, v3_differs = 0;
+  for (int k = 0; k < 200; ++k) {
+    const std::string v = k % 2 ? name() : name() + " -" + parts[rng.below(std::size(parts))];
+    if (differs(**ti, v)) {
+      ++iso_differs;
+      ADD_FAILURE() << "fathom-isolated spells '" << v << "' differently in a request and in a call";
+    }
+    v3_differs += differs(**tv, v);
+    ASSERT_EQ(*(*ti)->decode((*ti)->encode(v).value()), v);
+  }
+  EXPECT_EQ(iso_differs, 0);
+  EXPECT_GT(v3_differs, 150);  // the contrast: the default regex attaches the space and the quote
+  // tokenizer.json -> VocabData (GGUF) -> Tokenizer keeps the preset and the encoding.
+  auto data = (*ti)->vocab_data();
+  ASSERT_TRUE(data.ok()) << data.status().to_string();
+  EXPECT_EQ(data->pre, "fathom-isolated");
+  EXPECT_FALSE(data->pre_llama_cpp);
+  EXPECT_TRUE((*tv)->vocab_data().value().pre_llama_cpp);
+  auto back = Tokenizer::from_vocab_data(*data);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ((*back)->encode(text).value(), (*ti)->encode(text).value());
+}
+
 TEST(VocabData, RoundTripsAndRejectsBadInput) {
   auto tok = Tokenizer::from_builtin();
   ASSERT_TRUE(tok.ok());

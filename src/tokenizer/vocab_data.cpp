@@ -56,6 +56,19 @@ const std::vector<PreTokenizerPreset>& pre_tokenizer_presets() {
     p.push_back({"deepseek-coder", deepseek_coder, false, false});
     p.push_back({"gpt2", {}, true, false});
     p.push_back({"llama-bpe", {llama3}, false, true});
+    // Fathom's own: DeepSeek-V3's digit and CJK splits, then letters, each quote character
+    // (" ' `), other punctuation runs, line breaks and runs of spaces each as their own
+    // pre-token. A value is then the same tokens after a space as inside a JSON string (`-l`,
+    // `./run.sh` and `hello.txt` alike), so a model can copy it from a request into a tool call
+    // by induction; DeepSeek-V3's regex spells ` hello` and `"hello` differently (docs/MODEL.md).
+    // Costs about 1.5x the tokens with DeepSeek-V3's merges. Not a llama.cpp name: Fathom and
+    // Hugging Face `tokenizers` (through tokenizer.json) read it, llama.cpp's GGUF loader does not.
+    const std::vector<std::string> isolated = {
+        deepseek_v3[0],
+        deepseek_v3[1],
+        "[\\p{L}\\p{M}]+|[\"'`]|[^\\s\\p{L}\\p{M}\\p{N}\"'`]+|\\s*[\r\n]+|[ \t]+",
+    };
+    p.push_back({"fathom-isolated", isolated, false, false, false});
     return p;
   }();
   return presets;
@@ -129,9 +142,11 @@ Result<VocabData> Tokenizer::vocab_data() const {
   }
   const tok::PreTokenizerPreset* preset = tok::match_preset(m.pre_tokenizer, o.ignore_merges);
   if (!preset) {
-    return unimplemented(
-        "vocab_data: this tokenizer's pre-tokenizer is not one llama.cpp names (known: deepseek-v3, "
-        "deepseek-llm, deepseek-coder, gpt2, llama-bpe)");
+    std::string known;
+    for (const tok::PreTokenizerPreset& p : tok::pre_tokenizer_presets())
+      known += (known.empty() ? "" : ", ") + p.name;
+    return unimplemented("vocab_data: this tokenizer's pre-tokenizer is not one GGUF names (known: {})",
+                         known);
   }
   if (!m.decoder.present || m.decoder.steps.size() != 1 ||
       m.decoder.steps[0].kind != tok::DecoderKind::kByteLevel) {
@@ -139,6 +154,7 @@ Result<VocabData> Tokenizer::vocab_data() const {
   }
   VocabData v;
   v.pre = preset->name;
+  v.pre_llama_cpp = preset->llama_cpp;
   v.tokens.resize(static_cast<size_t>(m.vocab_size));
   v.token_types.resize(static_cast<size_t>(m.vocab_size));
   for (TokenId id = 0; id < m.vocab_size; ++id) {
