@@ -28,20 +28,21 @@ void rms_norm_row_scalar(const float* x, const float* w, float* y, int64_t n, fl
   for (i = 0; i < n; ++i) y[i] = w != nullptr ? x[i] * inv * w[i] : x[i] * inv;
 }
 
-void softmax_row_scalar(float* x, int64_t n) {
+double softmax_row_scalar(const float* x, float* y, int64_t n, float scale) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
   if (mx == -INFINITY) {  // every entry masked
-    std::fill(x, x + n, 0.0f);
-    return;
+    std::fill(y, y + n, 0.0f);
+    return -INFINITY;
   }
   double sum = 0;  // the portable path has no lanes to spread the rounding over
   for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+    y[i] = std::exp(x[i] - mx);
+    sum += y[i];
   }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  const float inv = static_cast<float>(scale / sum);
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  return static_cast<double>(mx) + std::log(sum);
 }
 
 void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) {
@@ -97,8 +98,16 @@ void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, ThreadPool& po
              : level >= SimdLevel::kAvx2 ? softmax_row_avx2
                                          : softmax_row_scalar;
   pool.parallel_for(n_rows, row_grain(n), [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) row(x + r * s, n);
+    for (int64_t r = r0; r < r1; ++r) row(x + r * s, x + r * s, n, 1.0f);
   });
+}
+
+double softmax_row_lse(const float* x, float* y, int64_t n, float scale) {
+  CHECK(n > 0);
+  const SimdLevel level = simd_level();
+  if (level >= SimdLevel::kAvx512) return softmax_row_avx512(x, y, n, scale);
+  if (level >= SimdLevel::kAvx2) return softmax_row_avx2(x, y, n, scale);
+  return softmax_row_scalar(x, y, n, scale);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

@@ -33,6 +33,11 @@ void rms_norm(const RmsNormParams& p, const float* x, const void* weight, float*
 // A row whose entries are all -inf becomes all zeros (instead of NaN).
 void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride = 0, ThreadPool& pool = default_pool());
 
+// One row, on the calling thread: y[:n] = scale * softmax(x[:n]); returns the row's log-sum-exp,
+// max + log(sum of exp(x - max)), in double (a cross-entropy loss is lse - x[target] and its
+// gradient scale * (softmax - onehot)). y may equal x. A row of all -inf gives zeros and -inf.
+double softmax_row_lse(const float* x, float* y, int64_t n, float scale = 1.0f);
+
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]. out may alias gate or up.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 

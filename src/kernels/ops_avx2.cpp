@@ -2,6 +2,7 @@
 // Tails (n % 8) run the scalar formulas on a zero-padded copy so no load reads past the end.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -75,7 +76,7 @@ void rms_norm_row_avx2(const float* x, const float* w, float* y, int64_t n, floa
   for (; i < n; ++i) y[i] = w != nullptr ? x[i] * inv_s * w[i] : x[i] * inv_s;
 }
 
-void softmax_row_avx2(float* x, int64_t n) {
+double softmax_row_avx2(const float* x, float* y, int64_t n, float scale) {
   __m256 mx = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
@@ -85,22 +86,27 @@ void softmax_row_avx2(float* x, int64_t n) {
   for (float v : lanes) m = std::fmax(m, v);
   for (; i < n; ++i) m = std::fmax(m, x[i]);
   if (m == -INFINITY) {
-    std::memset(x, 0, static_cast<size_t>(n) * 4);
-    return;
+    std::memset(y, 0, static_cast<size_t>(n) * 4);
+    return -INFINITY;
   }
   const __m256 mv = _mm256_set1_ps(m);
   auto shifted_exp = [&](__m256 v) { return exp8(_mm256_sub_ps(v, mv)); };
-  __m256 sum = _mm256_setzero_ps();
-  for (i = 0; i + 8 <= n; i += 8) {
-    const __m256 e = shifted_exp(_mm256_loadu_ps(x + i));
-    sum = _mm256_add_ps(sum, e);
-    _mm256_storeu_ps(x + i, e);
+  double s = 0;  // fp32 lanes over blocks of kSumBlock values, the blocks' sums in double
+  for (i = 0; i + 8 <= n;) {
+    const int64_t end = std::min(n - n % 8, i + kSumBlock);
+    __m256 sum = _mm256_setzero_ps();
+    for (; i < end; i += 8) {
+      const __m256 e = shifted_exp(_mm256_loadu_ps(x + i));
+      sum = _mm256_add_ps(sum, e);
+      _mm256_storeu_ps(y + i, e);
+    }
+    s += static_cast<double>(hsum8(sum));
   }
-  tail8(i, n, -INFINITY, x, x, shifted_exp);
-  float s = hsum8(sum);
-  for (; i < n; ++i) s += x[i];
-  const float inv = 1.0f / s;
-  for (i = 0; i < n; ++i) x[i] *= inv;
+  tail8(i, n, -INFINITY, x, y, shifted_exp);
+  for (; i < n; ++i) s += static_cast<double>(y[i]);
+  const float inv = static_cast<float>(scale / s);
+  for (i = 0; i < n; ++i) y[i] *= inv;
+  return static_cast<double>(m) + std::log(s);
 }
 
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {

@@ -1,6 +1,7 @@
 // AVX-512 rows for rms_norm, softmax, silu_mul and exp (see ops_impl.h for the exp algorithm).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops_impl.h"
@@ -71,29 +72,35 @@ void rms_norm_row_avx512(const float* x, const float* w, float* y, int64_t n, fl
   }
 }
 
-void softmax_row_avx512(float* x, int64_t n) {
+double softmax_row_avx512(const float* x, float* y, int64_t n, float scale) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += 16) {
     mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail16(n - i), x + i));
   }
   const float m = _mm512_reduce_max_ps(mx);
   if (m == -INFINITY) {
-    for (int64_t i = 0; i < n; i += 16) _mm512_mask_storeu_ps(x + i, tail16(n - i), _mm512_setzero_ps());
-    return;
+    for (int64_t i = 0; i < n; i += 16) _mm512_mask_storeu_ps(y + i, tail16(n - i), _mm512_setzero_ps());
+    return -INFINITY;
   }
   const __m512 mv = _mm512_set1_ps(m);
-  __m512 sum = _mm512_setzero_ps();
+  double s = 0;  // fp32 lanes over blocks of kSumBlock values, the blocks' sums in double
+  for (int64_t b = 0; b < n; b += kSumBlock) {
+    const int64_t end = std::min(n, b + kSumBlock);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = b; i < end; i += 16) {
+      const __mmask16 k = tail16(end - i);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+      _mm512_mask_storeu_ps(y + i, k, e);
+    }
+    s += static_cast<double>(_mm512_reduce_add_ps(sum));
+  }
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(scale / s));
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail16(n - i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
-    _mm512_mask_storeu_ps(x + i, k, e);
+    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + i), inv));
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = tail16(n - i);
-    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
-  }
+  return static_cast<double>(m) + std::log(s);
 }
 
 void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) {

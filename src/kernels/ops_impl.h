@@ -10,9 +10,13 @@ void rms_norm_row_scalar(const float* x, const float* w, float* y, int64_t n, fl
 void rms_norm_row_avx2(const float* x, const float* w, float* y, int64_t n, float eps);
 void rms_norm_row_avx512(const float* x, const float* w, float* y, int64_t n, float eps);
 
-void softmax_row_scalar(float* x, int64_t n);
-void softmax_row_avx2(float* x, int64_t n);
-void softmax_row_avx512(float* x, int64_t n);
+// y[:n] = scale * softmax(x[:n]) (y may equal x); returns max + log(sum of exp(x - max)), -inf
+// (and y all zero) for a row of -inf. The SIMD paths sum in fp32 lanes over blocks of kSumBlock
+// values and add the blocks' sums in double, so a 129280-entry row rounds like a short one.
+constexpr int64_t kSumBlock = 1024;
+double softmax_row_scalar(const float* x, float* y, int64_t n, float scale);
+double softmax_row_avx2(const float* x, float* y, int64_t n, float scale);
+double softmax_row_avx512(const float* x, float* y, int64_t n, float scale);
 
 void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n);

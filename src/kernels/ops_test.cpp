@@ -116,6 +116,42 @@ TEST(Ops, SoftmaxMatchesReferenceWithMaskedEntriesAndAllMaskedRows) {
   }
 }
 
+// The cross-entropy row: scale * softmax into a separate output (or in place) and the row's
+// log-sum-exp, against float64, at vocabulary sizes up to DeepSeek-V3's and with masked entries.
+TEST(Ops, SoftmaxRowLseMatchesReferenceScaledOutOfPlaceAndInPlace) {
+  Rng rng(test_seed());
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t n : {1, 7, 16, 33, 1000, 8192, 129280}) {
+      std::vector<float> x = random_floats(rng, n, 3.0f);
+      for (int64_t i = 0; i < n; i += 1 + static_cast<int64_t>(rng.below(50))) x[static_cast<size_t>(i)] = -INFINITY;
+      // at least one finite entry; half the rows dominated by one large logit
+      x[static_cast<size_t>(rng.below(static_cast<uint64_t>(n)))] = rng.below(2) == 0 ? 30.0f : 1.0f;
+      std::vector<double> ref(static_cast<size_t>(n));
+      softmax_ref(x.data(), 1, n, 0, ref.data());
+      double mx = -INFINITY, sum = 0;
+      for (float v : x) mx = std::max(mx, static_cast<double>(v));
+      for (float v : x) sum += std::exp(static_cast<double>(v) - mx);
+      const double want_lse = mx + std::log(sum);
+      const float scale = static_cast<float>(1e-3 * (1 + rng.below(1000)));
+      const bool in_place = rng.below(2) == 0;
+      std::vector<float> y = in_place ? x : std::vector<float>(static_cast<size_t>(n), NAN);
+      const double lse = softmax_row_lse(x.data(), in_place ? x.data() : y.data(), n, scale);
+      if (in_place) y = x;
+      // exp to 2.5e-7 and sums of at most 64 terms per fp32 lane: a few 1e-7 of log(sum)
+      EXPECT_NEAR(lse, want_lse, 5e-6) << simd_level_name(level) << " n " << n;
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = scale * ref[static_cast<size_t>(i)];
+        ASSERT_NEAR(y[static_cast<size_t>(i)], want, 3e-6 * want + 1e-12)
+            << simd_level_name(level) << " n " << n << " i " << i << (in_place ? " in place" : "");
+      }
+    }
+    std::vector<float> masked(37, -INFINITY), out(37, NAN);
+    EXPECT_EQ(softmax_row_lse(masked.data(), out.data(), 37, 0.5f), -INFINITY);
+    for (float v : out) EXPECT_EQ(v, 0.0f);
+  }
+}
+
 TEST(Ops, SiluMulMatchesReference) {
   Rng rng(test_seed());
   for (SimdLevel level : supported_levels()) {
