@@ -161,6 +161,16 @@ TEST(ChatStream, ReassemblesFragmentedSseAndPlainJson) {
   EXPECT_FALSE(garbage.finish(false).ok());
   ChatStreamParser bad_event({});
   EXPECT_FALSE(bad_event.feed("data: {not json}\n\n").ok());
+  // An endpoint's event or body nested 200000 levels deep is an error naming the depth (the tool
+  // calls and usage it would carry are copied and dumped, which recursed per level).
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  ChatStreamParser deep_event({});
+  const Status st = deep_event.feed(R"(data: {"usage":)" + deep + "}\n\n");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("levels deep"), std::string::npos) << st.message().substr(0, 200);
+  ChatStreamParser deep_body({});
+  ASSERT_TRUE(deep_body.feed(R"({"choices":[{"message":{"role":"assistant","content":)" + deep + "}}]}").ok());
+  EXPECT_FALSE(deep_body.finish(false).ok());
 }
 
 TEST(ChatStream, TypeConfusedEventsAreErrorsNotCrashes) {

@@ -15,6 +15,7 @@
 #include "agent/process.h"
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "base/timer.h"
 
 namespace fathom::agent {
@@ -190,6 +191,9 @@ struct McpClient::Impl {
 
   void handle_line_unchecked(std::string_view line) {
     if (line.empty() || line == "\r") return;
+    if (json_nesting_depth(line) > kJsonNestingMax)
+      return protocol_error(fmt::format("stdout line nests JSON more than {} levels deep: {}", kJsonNestingMax,
+                                        excerpt(line)));
     json msg = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (msg.is_discarded()) return protocol_error("stdout line is not JSON: " + excerpt(line));
     if (msg.is_array()) return protocol_error("JSON-RPC batches are not part of MCP 2025-11-25");

@@ -197,9 +197,11 @@ int McpServer::serve() {
     for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos; start = from = nl + 1) {
       std::string_view line = trim(std::string_view(buf).substr(start, nl - start));
       if (line.empty()) continue;
-      json msg = json::parse(line, nullptr, false);
+      json msg = json_nesting_depth(line) > kJsonNestingMax ? json(json::value_t::discarded)
+                                                              : json::parse(line, nullptr, false);
       if (msg.is_discarded())
-        impl_->error(json(), -32700, "parse error: not JSON");
+        impl_->error(json(), -32700,
+                     fmt::format("parse error: not JSON, or nested more than {} levels deep", kJsonNestingMax));
       else if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0")
         impl_->error(json(), -32600, "invalid request: not JSON-RPC 2.0");
       else

@@ -131,6 +131,21 @@ TEST(Strings, Utf8BoundariesNeverSplitACharacter) {
   EXPECT_EQ(utf8_ceil("", 0), 0u);
 }
 
+TEST(Strings, JsonNestingDepthCountsBracketsOutsideStrings) {
+  EXPECT_EQ(json_nesting_depth(""), 0u);
+  EXPECT_EQ(json_nesting_depth("12"), 0u);
+  EXPECT_EQ(json_nesting_depth("[]"), 1u);
+  EXPECT_EQ(json_nesting_depth(R"({"a": [1, {"b": []}], "c": {}})"), 4u);
+  EXPECT_EQ(json_nesting_depth(R"({"a": "[[[{{{"})"), 1u);              // brackets in a string
+  EXPECT_EQ(json_nesting_depth(R"({"a": "\"[[[", "b": [[]]})"), 3u);  // an escaped quote
+  EXPECT_EQ(json_nesting_depth(R"(["\\", [["x"]]])"), 3u);            // an escaped backslash
+  EXPECT_EQ(json_nesting_depth("]]]][[]"), 2u);                        // stray closers
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(json_nesting_depth(deep, 100000), 100000u);
+  EXPECT_EQ(json_nesting_depth(deep), kJsonNestingMax + 1);  // stops once past the limit
+  EXPECT_EQ(json_nesting_depth(std::string(kJsonNestingMax, '{')), kJsonNestingMax);
+}
+
 TEST(Strings, ParsesNumbersStrictly) {
   EXPECT_EQ(*parse_int("-12", "n"), -12);
   EXPECT_FALSE(parse_int("12x", "n").ok());

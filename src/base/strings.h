@@ -26,6 +26,15 @@ inline std::string utf8_prefix(std::string_view s, size_t n) {
   return std::string(s.substr(0, utf8_floor(s, n)));
 }
 
+// JSON from peers (HTTP bodies, plugins, endpoints) is checked for nesting before it is parsed:
+// nlohmann's parser is iterative, but dump() and copies recurse once per level, so a 400 KB body
+// of nested arrays overflowed the stack of the thread that dumped it. kJsonNestingMax is the
+// depth accepted anywhere Fathom reads such JSON (real requests and schemas nest tens of levels).
+inline constexpr size_t kJsonNestingMax = 512;
+// The deepest nesting of arrays and objects in `text`, brackets inside strings not counted
+// (escapes honoured); it need not be valid JSON. Stops scanning once the depth passes `stop_at`.
+size_t json_nesting_depth(std::string_view text, size_t stop_at = kJsonNestingMax);
+
 // Whole-string parses: "12x" and "" are errors. `what` names the value in the message.
 Result<int64_t> parse_int(std::string_view s, std::string_view what);
 Result<uint64_t> parse_uint(std::string_view s, std::string_view what);

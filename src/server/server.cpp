@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "base/log.h"
+#include "base/strings.h"
 #include "server/openai.h"
 #include "server/server_impl.h"
 #include "tokenizer/tokenizer.h"
@@ -42,6 +43,11 @@ void Server::Impl::count(const std::string& route, int status) {
 }
 
 bool Server::Impl::parse_body(const httplib::Request& req, httplib::Response& res, json* body) {
+  if (json_nesting_depth(req.body) > kJsonNestingMax) {
+    send_error(res, ApiError{400, fmt::format("the request body nests arrays and objects more than {} levels deep",
+                                              kJsonNestingMax)});
+    return false;
+  }
   try {
     *body = json::parse(req.body);
   } catch (const json::exception& ex) {

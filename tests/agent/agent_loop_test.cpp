@@ -271,6 +271,27 @@ TEST(AgentLoop, APluginWritingInvalidUtf8IsAToolErrorNotACrash) {
   EXPECT_EQ(last_json_line(r.out)["status"], "final");
 }
 
+TEST(AgentLoop, APluginAnsweringWithDeeplyNestedJsonIsAToolErrorNotACrash) {
+  // 200000 nested arrays in a 400 KB result line: nlohmann parses them iteratively, but copying
+  // or dumping them recursed once per level and overflowed the stack (SIGSEGV). The line is now
+  // refused before it is parsed, as a protocol error that names the depth.
+  const std::string ws = make_temp_dir("deepjson");
+  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__deep", "{}"}})), reply(text_message("noted"))});
+  auto args = agent_args(ep, ws, "call it");
+  args.insert(args.end() - 1,
+              {"--plugin", "bad=node " + source_dir() + "/tests/agent/fixtures/bad_server.mjs"});
+  RunResult r = run_fathom(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto reqs = ep.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  auto outs = tool_messages(reqs[1]);
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_NE(outs[0].find("Error:"), std::string::npos) << outs[0].substr(0, 300);
+  EXPECT_NE(outs[0].find("levels deep"), std::string::npos) << outs[0].substr(0, 300);
+  EXPECT_LT(outs[0].size(), 20000u);
+  EXPECT_EQ(last_json_line(r.out)["status"], "final");
+}
+
 TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
   const std::string ws = make_temp_dir("context");
   std::string big(30000, 'x');

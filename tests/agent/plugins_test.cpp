@@ -273,6 +273,9 @@ TEST_F(Plugins, BuiltinServerSurvivesMalformedRequests) {
       R"({"jsonrpc":"2.0","id":5,"method":"tools/list","params":{"cursor":"zz"}})",
       R"({"jsonrpc":"2.0","id":6,"method":"nope"})",
       R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":[]})",
+      // arguments nested 200000 levels deep: refused before parsing (dumps recurse per level)
+      R"({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":{"a":)" +
+          std::string(200000, '[') + std::string(200000, ']') + "}}}",
       R"({"jsonrpc":"2.0","id":7,"method":"ping"})"};
   std::string all;
   for (const auto& l : lines) all += l + "\n";
@@ -285,6 +288,7 @@ TEST_F(Plugins, BuiltinServerSurvivesMalformedRequests) {
     out.append(buf, static_cast<size_t>(n));
   }
   EXPECT_NE(out.find("-32700"), std::string::npos);  // parse error
+  EXPECT_NE(out.find("levels deep"), std::string::npos) << out;
   EXPECT_NE(out.find("-32600"), std::string::npos);  // invalid request
   EXPECT_NE(out.find("-32601"), std::string::npos);  // method not found
   EXPECT_NE(out.find("-32602"), std::string::npos);  // invalid params

@@ -281,6 +281,10 @@ await check('bad requests get OpenAI error objects with the right status', async
     [raw('POST', '/v1/chat/completions', { body: JSON.stringify(req), key: 'sk-wrong' }), 401, null],
     [raw('POST', '/v1/chat/completions', { body: JSON.stringify({ ...req, messages: user('x'.repeat(2 << 20)) }) }), 413, null],
     [raw('GET', '/v1/nope'), 404, null],
+    // 200000 nested arrays (400 KB) in a tool's parameters: dumping them recursed per level and
+    // the server died of a stack overflow; refused before parsing now, and the server serves on.
+    [raw('POST', '/v1/chat/completions', { body: JSON.stringify({ ...req, tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] })
+      .replace('{"type":"object"}', '{"type":"object","properties":{"a":' + '['.repeat(200000) + ']'.repeat(200000) + '}}') }), 400, null],
   ];
   for (const [p, status, param] of cases) {
     const r = await p;
