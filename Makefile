@@ -7,7 +7,9 @@ CMAKE_FLAGS ?=
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
-LAUNCHER := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+# Expanded when a build directory is configured (`=`, not `:=`): on a fresh machine ccache is only
+# there once `deps` has run, and a `:=` read at start-up configured the first build without it.
+LAUNCHER = $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 CTEST_J ?= $(JOBS)
 FUZZ_SECONDS ?= 10
 # Test labels `make test` leaves out: long suites have their own targets below.

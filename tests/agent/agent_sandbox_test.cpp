@@ -121,25 +121,30 @@ TEST(AgentSandbox, NoNetworkNotEvenTheLocalInferenceServer) {
 }
 
 TEST(AgentSandbox, ForkBombHangAndFloodAreContained) {
+  // The bomb runs in a turn of its own: the shell plugin's commands share its sandbox's pids
+  // budget, so a hang started beside the bomb could find no pid left and fail with "Cannot fork"
+  // instead of timing out (seen once under a loaded make test).
   Attack a = setup("bomb");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", R"({"command":"b(){ b|b& }; b; sleep 30"})"},
-                                                 {"shell__run", R"({"command":"sleep 1000"})"},
+  ScriptedEndpoint ep({reply(tool_calls_message({{"shell__run", R"({"command":"b(){ b|b& }; b; sleep 30"})"}})),
+                       reply(tool_calls_message({{"shell__run", R"({"command":"sleep 1000"})"},
                                                  {"shell__run", R"({"command":"yes flood"})"}})),
                        reply(tool_calls_message({{"shell__run", R"({"command":"echo still-works"})"}})),
                        reply(text_message("survived"))});
   RunResult r = run_agent(ep, a);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto res = results_of(ep, 1);
-  ASSERT_EQ(res.size(), 3u);
+  ASSERT_EQ(res.size(), 1u);
   // The bomb is contained either way: stopped at the time limit, or earlier by the output cap when
   // the pids limit makes its shells print "Cannot fork" fast enough to fill it (seen on a Xeon VM).
   EXPECT_TRUE(res[0].find("timed out") != std::string::npos ||
               res[0].find("output exceeded the cap") != std::string::npos)
       << res[0].substr(0, 500);
+  res = results_of(ep, 2);
+  ASSERT_EQ(res.size(), 3u);
   EXPECT_NE(res[1].find("timed out"), std::string::npos) << res[1].substr(0, 500);
   EXPECT_NE(res[2].find("output exceeded the cap"), std::string::npos) << res[2].substr(0, 300);
   EXPECT_LT(res[2].size(), 70000u);
-  auto later = results_of(ep, 2);
+  auto later = results_of(ep, 3);
   ASSERT_EQ(later.size(), 4u);
   EXPECT_NE(later[3].find("still-works"), std::string::npos) << later[3];
 }
