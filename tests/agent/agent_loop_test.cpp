@@ -252,44 +252,41 @@ TEST(AgentLoop, CutsOversizedToolOutputsAtCharacterBoundaries) {
   ::unlink(traj.c_str());
 }
 
-TEST(AgentLoop, APluginWritingInvalidUtf8IsAToolErrorNotACrash) {
-  // The plugin answers a call with a line of invalid UTF-8; the client's error quotes it, so the
-  // tool result the model gets holds bytes that are not UTF-8. Sizing and sending the conversation
-  // must not throw on them (the request carries U+FFFD instead).
-  const std::string ws = make_temp_dir("badutf8");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__badutf8", "{}"}})), reply(text_message("noted"))});
+// Runs the agent on one call of bad_server.mjs's `tool` followed by a final answer; returns the
+// tool result the model got on its second request ("" after a failed expectation).
+std::string misbehaving_plugin_result(const std::string& tool) {
+  const std::string ws = make_temp_dir(tool);
+  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__" + tool, "{}"}})), reply(text_message("noted"))});
   auto args = agent_args(ep, ws, "call it");
   args.insert(args.end() - 1,
               {"--plugin", "bad=node " + source_dir() + "/tests/agent/fixtures/bad_server.mjs"});
   RunResult r = run_fathom(args);
-  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
-  auto reqs = ep.requests();
-  ASSERT_EQ(reqs.size(), 2u);
-  auto outs = tool_messages(reqs[1]);
-  ASSERT_EQ(outs.size(), 1u);
-  EXPECT_NE(outs[0].find("Error:"), std::string::npos) << outs[0];
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(last_json_line(r.out)["status"], "final");
+  auto reqs = ep.requests();
+  EXPECT_EQ(reqs.size(), 2u);
+  if (reqs.size() != 2) return "";
+  auto outs = tool_messages(reqs[1]);
+  EXPECT_EQ(outs.size(), 1u);
+  return outs.size() == 1 ? outs[0] : "";
+}
+
+TEST(AgentLoop, APluginWritingInvalidUtf8IsAToolErrorNotACrash) {
+  // The plugin answers a call with a line of invalid UTF-8; the client's error quotes it, so the
+  // tool result the model gets holds bytes that are not UTF-8. Sizing and sending the conversation
+  // must not throw on them (the request carries U+FFFD instead).
+  const std::string out = misbehaving_plugin_result("badutf8");
+  EXPECT_NE(out.find("Error:"), std::string::npos) << out;
 }
 
 TEST(AgentLoop, APluginAnsweringWithDeeplyNestedJsonIsAToolErrorNotACrash) {
   // 200000 nested arrays in a 400 KB result line: nlohmann parses them iteratively, but copying
   // or dumping them recursed once per level and overflowed the stack (SIGSEGV). The line is now
   // refused before it is parsed, as a protocol error that names the depth.
-  const std::string ws = make_temp_dir("deepjson");
-  ScriptedEndpoint ep({reply(tool_calls_message({{"bad__deep", "{}"}})), reply(text_message("noted"))});
-  auto args = agent_args(ep, ws, "call it");
-  args.insert(args.end() - 1,
-              {"--plugin", "bad=node " + source_dir() + "/tests/agent/fixtures/bad_server.mjs"});
-  RunResult r = run_fathom(args);
-  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
-  auto reqs = ep.requests();
-  ASSERT_EQ(reqs.size(), 2u);
-  auto outs = tool_messages(reqs[1]);
-  ASSERT_EQ(outs.size(), 1u);
-  EXPECT_NE(outs[0].find("Error:"), std::string::npos) << outs[0].substr(0, 300);
-  EXPECT_NE(outs[0].find("levels deep"), std::string::npos) << outs[0].substr(0, 300);
-  EXPECT_LT(outs[0].size(), 20000u);
-  EXPECT_EQ(last_json_line(r.out)["status"], "final");
+  const std::string out = misbehaving_plugin_result("deep");
+  EXPECT_NE(out.find("Error:"), std::string::npos) << out.substr(0, 300);
+  EXPECT_NE(out.find("levels deep"), std::string::npos) << out.substr(0, 300);
+  EXPECT_LT(out.size(), 20000u);
 }
 
 TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
