@@ -289,6 +289,22 @@ TEST(AgentLoop, APluginAnsweringWithDeeplyNestedJsonIsAToolErrorNotACrash) {
   EXPECT_LT(out.size(), 20000u);
 }
 
+TEST(AgentLoop, CallArgumentsNestedTooDeepAreAToolErrorNotACrash) {
+  // The endpoint's reply is flat JSON, but a call's arguments string holds 200000 nested arrays:
+  // parsed, then dumped for the plugin, it overflowed the stack. Refused with the depth named.
+  const std::string ws = make_temp_dir("deepargs");
+  const std::string deep = R"({"path":)" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  ScriptedEndpoint ep({reply(tool_calls_message({{"files__read_file", deep}})), reply(text_message("noted"))});
+  RunResult r = run_fathom(agent_args(ep, ws, "read it"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto reqs = ep.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  auto outs = tool_messages(reqs[1]);
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_NE(outs[0].find("levels deep"), std::string::npos) << outs[0].substr(0, 300);
+  EXPECT_EQ(last_json_line(r.out)["status"], "final");
+}
+
 TEST(AgentLoop, TruncatesOlderToolOutputsToFitTheContextAndLogsIt) {
   const std::string ws = make_temp_dir("context");
   std::string big(30000, 'x');
