@@ -13,6 +13,7 @@
 #include "agent/plugin_host.h"
 #include "agent/policy.h"
 #include "agent/schema.h"
+#include "agent/trajectory.h"
 #include "agent/workspace_fs.h"
 #include "base/rng.h"
 
@@ -87,6 +88,24 @@ TEST(Patch, RandomEditsRoundTrip) {
     for (const auto& l : lines) want += l + "\n";
     EXPECT_EQ(*out, want) << "trial " << trial;
   }
+}
+
+// Files the agent reads (a policy, a trajectory to replay) that nest JSON 200000 levels deep are
+// errors naming the file and the depth, not a stack overflow.
+TEST(Policy, DeeplyNestedPolicyAndTrajectoryFilesAreErrors) {
+  const std::string dir = temp_dir();
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  {
+    std::ofstream(dir + "/policy.json") << R"({"rule": )" << deep << "}";
+    std::ofstream(dir + "/t.jsonl") << R"({"type":"meta","version":1,"x":)" << deep << "}\n";
+  }
+  auto p = Policy::load(dir + "/policy.json");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("levels deep"), std::string::npos) << p.status().message();
+  auto t = read_trajectory(dir + "/t.jsonl");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("line 1 nests JSON"), std::string::npos) << t.status().message();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Policy, FirstMatchingRuleWinsThenThePluginDefault) {
