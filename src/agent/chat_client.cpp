@@ -42,9 +42,8 @@ Status ChatStreamParser::handle_event_unchecked(const std::string& data) {
     done_ = true;
     return {};
   }
-  if (json_nesting_depth(data) > kJsonNestingMax)
-    return corrupt("endpoint sent an SSE event nesting JSON more than {} levels deep: {}", kJsonNestingMax,
-                   utf8_prefix(data, 200));
+  if (Status st = check_json_nesting(data, "the endpoint's SSE event"); !st.ok())
+    return corrupt("{}: {}", st.message(), utf8_prefix(data, 200));
   json chunk = json::parse(data, nullptr, false);
   if (chunk.is_discarded())
     return corrupt("endpoint sent an SSE event that is not JSON: {}", data.substr(0, 200));
@@ -104,8 +103,8 @@ Result<ChatResponse> ChatStreamParser::finish_unchecked(bool is_sse) {
     r.usage = usage_;
     return r;
   }
-  if (json_nesting_depth(body_) > kJsonNestingMax)
-    return corrupt("endpoint answer nests JSON more than {} levels deep: {}", kJsonNestingMax, utf8_prefix(body_, 300));
+  if (Status st = check_json_nesting(body_, "the endpoint's answer"); !st.ok())
+    return corrupt("{}: {}", st.message(), utf8_prefix(body_, 300));
   json j = json::parse(body_, nullptr, false);
   if (j.is_discarded()) return corrupt("endpoint answer is neither SSE nor JSON: {}", body_.substr(0, 300));
   if (j.contains("error")) return unavailable("endpoint error: {}", j["error"].dump().substr(0, 500));

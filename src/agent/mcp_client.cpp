@@ -191,9 +191,8 @@ struct McpClient::Impl {
 
   void handle_line_unchecked(std::string_view line) {
     if (line.empty() || line == "\r") return;
-    if (json_nesting_depth(line) > kJsonNestingMax)
-      return protocol_error(fmt::format("stdout line nests JSON more than {} levels deep: {}", kJsonNestingMax,
-                                        excerpt(line)));
+    if (Status st = check_json_nesting(line, "stdout line"); !st.ok())
+      return protocol_error(st.message() + ": " + excerpt(line));
     json msg = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (msg.is_discarded()) return protocol_error("stdout line is not JSON: " + excerpt(line));
     if (msg.is_array()) return protocol_error("JSON-RPC batches are not part of MCP 2025-11-25");

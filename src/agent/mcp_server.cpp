@@ -197,11 +197,10 @@ int McpServer::serve() {
     for (size_t nl, from = scanned; (nl = buf.find('\n', from)) != std::string::npos; start = from = nl + 1) {
       std::string_view line = trim(std::string_view(buf).substr(start, nl - start));
       if (line.empty()) continue;
-      json msg = json_nesting_depth(line) > kJsonNestingMax ? json(json::value_t::discarded)
-                                                              : json::parse(line, nullptr, false);
+      const Status nesting = check_json_nesting(line, "the message");
+      json msg = nesting.ok() ? json::parse(line, nullptr, false) : json(json::value_t::discarded);
       if (msg.is_discarded())
-        impl_->error(json(), -32700,
-                     fmt::format("parse error: not JSON, or nested more than {} levels deep", kJsonNestingMax));
+        impl_->error(json(), -32700, nesting.ok() ? "parse error: not JSON" : "parse error: " + nesting.message());
       else if (!msg.is_object() || msg.value("jsonrpc", "") != "2.0")
         impl_->error(json(), -32600, "invalid request: not JSON-RPC 2.0");
       else

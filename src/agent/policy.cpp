@@ -99,8 +99,7 @@ Result<Policy> Policy::load(const std::string& path) {
       return invalid_argument("{}: line {}: {}", path, e.source().begin.line, e.description());
     }
   } else {
-    if (json_nesting_depth(text) > kJsonNestingMax)
-      return invalid_argument("{}: nests JSON more than {} levels deep", path, kJsonNestingMax);
+    TRY(check_json_nesting(text, path));
     j = json::parse(text, nullptr, false);
     if (j.is_discarded()) return invalid_argument("{}: not valid JSON", path);
   }

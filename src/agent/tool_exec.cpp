@@ -74,9 +74,8 @@ ToolOutcome execute_unchecked(const ToolExecContext& ctx, const json& call) {
     out.arguments = raw;  // some servers send an object instead of a string
   } else {
     const std::string text = raw.is_string() ? raw.get<std::string>() : raw.dump();
-    if (json_nesting_depth(text) > kJsonNestingMax)  // copies and dumps recurse per level
-      return error(fmt::format("the arguments of {} nest JSON more than {} levels deep", out.name, kJsonNestingMax),
-                   "invalid");
+    if (Status st = check_json_nesting(text, "the arguments of " + out.name); !st.ok())
+      return error(st.message(), "invalid");
     out.arguments = text.find_first_not_of(" \t\r\n") == std::string::npos
                         ? json::object()
                         : json::parse(text, nullptr, false);

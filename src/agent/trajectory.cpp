@@ -37,8 +37,8 @@ Result<std::vector<json>> read_trajectory(const std::string& path) {
   for (auto line : split(text, '\n')) {
     ++n;
     if (trim(line).empty()) continue;
-    if (json_nesting_depth(line) > kJsonNestingMax)
-      return corrupt("{}: line {} nests JSON more than {} levels deep", path, n, kJsonNestingMax);
+    if (Status st = check_json_nesting(line, fmt::format("{}: line {}", path, n)); !st.ok())
+      return corrupt("{}", st.message());
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("type"))
       return corrupt("{}: line {} is not a trajectory event", path, n);

@@ -86,6 +86,11 @@ size_t json_nesting_depth(std::string_view text, size_t stop_at) {
   return deepest;
 }
 
+Status check_json_nesting(std::string_view text, std::string_view what) {
+  if (json_nesting_depth(text) <= kJsonNestingMax) return {};
+  return invalid_argument("{} nests JSON more than {} levels deep", what, kJsonNestingMax);
+}
+
 Result<int64_t> parse_int(std::string_view s, std::string_view what) {
   int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);

@@ -34,6 +34,9 @@ inline constexpr size_t kJsonNestingMax = 512;
 // The deepest nesting of arrays and objects in `text`, brackets inside strings not counted
 // (escapes honoured); it need not be valid JSON. Stops scanning once the depth passes `stop_at`.
 size_t json_nesting_depth(std::string_view text, size_t stop_at = kJsonNestingMax);
+// OK, or invalid_argument "WHAT nests JSON more than 512 levels deep": the one check every reader
+// of such JSON runs before parsing (each maps the status onto its own error channel).
+Status check_json_nesting(std::string_view text, std::string_view what);
 
 // Whole-string parses: "12x" and "" are errors. `what` names the value in the message.
 Result<int64_t> parse_int(std::string_view s, std::string_view what);

@@ -90,13 +90,22 @@ void rms_norm(const RmsNormParams& p, const float* x, const void* weight, float*
   });
 }
 
+namespace {
+
+// The softmax row kernel of this CPU's SIMD level.
+auto softmax_row_kernel() {
+  const SimdLevel level = simd_level();
+  return level >= SimdLevel::kAvx512 ? softmax_row_avx512
+         : level >= SimdLevel::kAvx2 ? softmax_row_avx2
+                                     : softmax_row_scalar;
+}
+
+}  // namespace
+
 void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, ThreadPool& pool) {
   CHECK(n > 0 && n_rows >= 0);
   const int64_t s = stride ? stride : n;
-  const SimdLevel level = simd_level();
-  auto row = level >= SimdLevel::kAvx512 ? softmax_row_avx512
-             : level >= SimdLevel::kAvx2 ? softmax_row_avx2
-                                         : softmax_row_scalar;
+  auto row = softmax_row_kernel();
   pool.parallel_for(n_rows, row_grain(n), [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) row(x + r * s, x + r * s, n, 1.0f);
   });
@@ -104,10 +113,7 @@ void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, ThreadPool& po
 
 double softmax_row_lse(const float* x, float* y, int64_t n, float scale) {
   CHECK(n > 0);
-  const SimdLevel level = simd_level();
-  if (level >= SimdLevel::kAvx512) return softmax_row_avx512(x, y, n, scale);
-  if (level >= SimdLevel::kAvx2) return softmax_row_avx2(x, y, n, scale);
-  return softmax_row_scalar(x, y, n, scale);
+  return softmax_row_kernel()(x, y, n, scale);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

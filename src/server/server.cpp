@@ -43,9 +43,8 @@ void Server::Impl::count(const std::string& route, int status) {
 }
 
 bool Server::Impl::parse_body(const httplib::Request& req, httplib::Response& res, json* body) {
-  if (json_nesting_depth(req.body) > kJsonNestingMax) {
-    send_error(res, ApiError{400, fmt::format("the request body nests arrays and objects more than {} levels deep",
-                                              kJsonNestingMax)});
+  if (Status st = check_json_nesting(req.body, "the request body"); !st.ok()) {
+    send_error(res, ApiError{400, st.message()});
     return false;
   }
   try {
