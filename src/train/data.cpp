@@ -112,6 +112,28 @@ std::vector<int64_t> doc_starts(const std::vector<int32_t>& t, int64_t bos, int6
   return s;
 }
 
+// Tokens outside every window [start, start + seq_len] (the union over all starts), and the
+// longest document (bos to bos).
+void count_unreached(const std::vector<int32_t>& t, int64_t bos, const std::vector<int64_t>& starts,
+                     int64_t seq_len, int64_t& unreached, int64_t& longest) {
+  const int64_t n = static_cast<int64_t>(t.size());
+  int64_t covered = 0, end = 0;  // end: one past the last covered position so far
+  for (const int64_t s : starts) {
+    const int64_t e = s + seq_len + 1;
+    covered += e - std::max(s, end);
+    end = std::max(end, e);
+  }
+  unreached = n - covered;
+  longest = 0;
+  int64_t prev = -1;
+  for (int64_t i = 0; i <= n; ++i) {
+    if (i == n || t[static_cast<size_t>(i)] == bos) {
+      if (prev >= 0) longest = std::max(longest, i - prev);
+      prev = i;
+    }
+  }
+}
+
 }  // namespace
 
 Result<TokenData> load_token_data(const std::string& dir, int64_t seq_len) {
@@ -137,6 +159,7 @@ Result<TokenData> load_token_data(const std::string& dir, int64_t seq_len) {
         "data: {}/val.bin has no document start with {} tokens after it (--seq-len {} + 1)", dir, seq_len + 1,
         seq_len);
   }
+  count_unreached(d.train, d.meta.bos_id, d.train_starts, seq_len, d.train_unreached, d.longest_train_doc);
   d.hash = XXH3_64bits_withSeed(d.train.data(), d.train.size() * 4, 0) ^
            XXH3_64bits_withSeed(d.val.data(), d.val.size() * 4, 1);
   if (d.meta.loss_mask) {

@@ -125,6 +125,16 @@ void update_router_bias(ModelParams<float>& params, const ModelConfig& c, const 
 
 }  // namespace
 
+void warn_unreached(const TokenData& d, int64_t seq_len) {
+  const double share = d.train.empty() ? 0.0 : static_cast<double>(d.train_unreached) / static_cast<double>(d.train.size());
+  if (share < 0.01) return;
+  log_warn(
+      "train: {:.1f}% of {}/train.bin ({} of {} tokens) is never trained on: a sequence starts at a document "
+      "start, so the tokens past the first --seq-len {} + 1 of each longer document are out of reach (longest "
+      "document {} tokens); a longer --seq-len covers them",
+      100.0 * share, d.dir, d.train_unreached, d.train.size(), seq_len, d.longest_train_doc);
+}
+
 Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions& o, StepComputer* computer) {
   TRY(config.validate());
   TRY(validate_options(config, o));
@@ -135,6 +145,7 @@ Result<TrainSummary> train_model(const ModelConfig& config, const TrainerOptions
         "train: the data's vocab_size {} ({}/meta.json) differs from the config's vocab_size {}",
         data.meta.vocab_size, o.data_dir, config.vocab_size);
   }
+  warn_unreached(data, o.seq_len);
   std::unique_ptr<StepComputer> local;
   if (computer == nullptr) {
     local = make_local_step_computer(o.model);

@@ -46,9 +46,15 @@ struct TokenData {
   std::vector<int64_t> train_starts;  // bos positions whose seq_len + 1 tokens fit
   std::vector<int64_t> val_starts;
   uint64_t hash = 0;  // XXH3 of both splits (checkpoints record it)
+  // train.bin tokens no sequence covers: the part of each document past its first seq_len + 1
+  // tokens (a sequence starts only at a document start), and the longest document's length.
+  int64_t train_unreached = 0;
+  int64_t longest_train_doc = 0;
 };
 // `seq_len`: sequences start at a document start and need seq_len + 1 tokens before the split ends.
 Result<TokenData> load_token_data(const std::string& dir, int64_t seq_len);
+// Warns (log) when 1% or more of train.bin is out of every sequence's reach at this seq_len.
+void warn_unreached(const TokenData& d, int64_t seq_len);
 
 // Micro-batch input: [n_seq, seq_len] tokens and next-token targets.
 struct Batch {

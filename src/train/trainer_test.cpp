@@ -531,5 +531,59 @@ TEST_F(TrainRun, TiedEmbeddingsExportAndRunLikeTheTrainer) {
   check_export(c);
 }
 
+// A sequence starts only at a document start, so the tail of a document longer than seq_len + 1
+// is never trained on; load_token_data counts those tokens so the trainer can say so.
+TEST_F(TrainRun, TokensPastEveryWindowAreCounted) {
+  const std::string d = tmp("unreached");
+  std::filesystem::create_directories(d);
+  const uint32_t bos = 1, eos = 2;
+  auto docs = [&](std::initializer_list<int> lengths) {
+    std::vector<uint32_t> t;
+    for (const int n : lengths) {
+      t.push_back(bos);
+      for (int i = 1; i < n; ++i) t.push_back(static_cast<uint32_t>(3 + i % 50));
+    }
+    return t;
+  };
+  const auto train = docs({10, 30, 5, 50}), val = docs({60});
+  write_u32(d + "/train.bin", train);
+  write_u32(d + "/val.bin", val);
+  const nlohmann::json meta = {{"format", "fathom-tokens-v1"}, {"vocab_size", 64}, {"bos_id", bos},
+                               {"eos_id", eos}, {"n_train_tokens", train.size()}, {"n_val_tokens", val.size()}};
+  ASSERT_TRUE(write_file_atomic(d + "/meta.json", meta.dump()).ok());
+  // Windows of 16 tokens from 0, 10, 40 and 45 cover [0, 26) and [40, 61): 47 of 95.
+  auto data = load_token_data(d, 15);
+  ASSERT_TRUE(data.ok()) << data.status().to_string();
+  EXPECT_EQ(data->train_unreached, 95 - 47);
+  EXPECT_EQ(data->longest_train_doc, 50);
+  data = load_token_data(d, 49);  // windows of 50 from 0, 10, 40, 45: everything
+  ASSERT_TRUE(data.ok()) << data.status().to_string();
+  EXPECT_EQ(data->train_unreached, 0);
+  // Random documents against a brute-force coverage count.
+  Rng rng(testing::fresh_seed("unreached tokens"));
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint32_t> t;
+    const int n_docs = 1 + static_cast<int>(rng.next_u64() % 30);
+    for (int k = 0; k < n_docs; ++k) {
+      const int len = 1 + static_cast<int>(rng.next_u64() % 60);
+      t.push_back(bos);
+      for (int i = 1; i < len; ++i) t.push_back(5);
+    }
+    const int64_t seq_len = 1 + static_cast<int64_t>(rng.next_u64() % 40);
+    write_u32(d + "/train.bin", t);
+    nlohmann::json m = meta;
+    m["n_train_tokens"] = t.size();
+    ASSERT_TRUE(write_file_atomic(d + "/meta.json", m.dump()).ok());
+    auto r = load_token_data(d, seq_len);
+    if (!r.ok()) continue;  // no document start fits this seq_len
+    std::vector<char> covered(t.size(), 0);
+    for (size_t s = 0; s + static_cast<size_t>(seq_len) + 1 <= t.size(); ++s) {
+      if (t[s] != bos) continue;
+      for (int64_t j = 0; j <= seq_len; ++j) covered[s + static_cast<size_t>(j)] = 1;
+    }
+    EXPECT_EQ(r->train_unreached, std::count(covered.begin(), covered.end(), 0)) << "trial " << trial;
+  }
+}
+
 }  // namespace
 }  // namespace fathom::train
