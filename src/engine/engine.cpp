@@ -115,6 +115,7 @@ struct Seq {
   std::string held;             // text held back while it may start a stop string
   std::optional<int32_t> draft;
   JsonMatcher json;
+  SchemaMatcher schema_json;  // response_format json_schema (req.json_schema set)
   ToolNameState tool_name;
   // ToolNameSelection::kWhole: each offered tool's call head (empty when the request selects
   // token by token or a name cannot be spelled that way).
@@ -274,6 +275,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   s->sampler->add_prompt(request.prompt);
   s->detok = std::make_unique<StreamDecoder>(m.model->tokenizer(), DecodeOptions{.skip_special = true});
   s->req = std::move(request);
+  s->schema_json = SchemaMatcher(s->req.json_schema.get());
   if (!s->req.tool_args_of.empty() && !s->req.tool_names.empty())
     s->tool_name.start_args(s->req.tool_args_of, s->req.tool_names, s->req.tool_schemas);
   else if (s->req.tool_name_first && !s->req.tool_names.empty())
@@ -476,7 +478,14 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
     finish(s, FinishReason::kStop);
     return false;
   }
-  if (s.req.json_object) (void)s.json.feed(tok.token_bytes(r.token).value_or(""));
+  if (s.req.json_object) {
+    const std::string bytes = tok.token_bytes(r.token).value_or("");
+    if (s.req.json_schema) {
+      (void)s.schema_json.feed(bytes);
+    } else {
+      (void)s.json.feed(bytes);
+    }
+  }
   if (!s.req.tool_names.empty())
     s.tool_name.feed(r.token, tok.token_bytes(r.token).value_or(""), tok.chat_tokens().tool_sep,
                      s.req.tool_names, s.req.tool_schemas);
@@ -734,7 +743,10 @@ bool Engine::Impl::step() {
     for (int64_t r = 0; r < rows && alive; ++r) {
       const float* lg = logits.data() + (first_row + (b.all_logits ? r : 0)) * V;
       const uint64_t* allowed = nullptr;
-      if (s->req.json_object) {
+      if (s->req.json_object && s->req.json_schema) {
+        json_vocab->mask(s->schema_json, mask.data());
+        allowed = mask.data();
+      } else if (s->req.json_object) {
         json_vocab->mask(s->json, mask.data());
         allowed = mask.data();
       }

@@ -71,6 +71,8 @@ struct GenerationRequest {
   std::vector<int32_t> stop_tokens;   // besides EOS
   bool ignore_eos = false;
   bool json_object = false;           // constrain the output to one JSON object
+  // With json_object: the object follows this schema too (response_format json_schema; json_schema.h).
+  std::shared_ptr<const JsonSchema> json_schema;
   // The offered tools' names: when non-empty, a name the model writes after <｜tool▁sep｜> must be
   // one of them (engine/tool_name_constraint.h).
   std::vector<std::string> tool_names;

@@ -374,32 +374,11 @@ std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view 
       if (it != s.keys.end()) s.required |= uint64_t{1} << (it - s.keys.begin());
     }
   }
+  auto compiled = JsonSchema::compile(parameters_json, /*strict=*/false);
+  if (compiled.ok()) s.compiled = *compiled;
   return s;
 }
 
-bool ToolArgsMatcher::keys_left() const {
-  const uint64_t all = schema_->keys.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << schema_->keys.size()) - 1;
-  return (all & ~used_) != 0;
-}
-
-bool ToolArgsMatcher::key_byte(uint8_t byte) {
-  if (byte == '"') {  // the key ends: it must be a whole unused key
-    for (size_t i = 0; i < schema_->keys.size(); ++i) {
-      if (!(used_ >> i & 1) && schema_->keys[i] == key_) {
-        used_ |= uint64_t{1} << i;
-        last_key_ = static_cast<int8_t>(i);
-        return true;
-      }
-    }
-    return false;
-  }
-  if (byte == '\\') return false;  // schema keys never need escapes
-  key_ += static_cast<char>(byte);
-  for (size_t i = 0; i < schema_->keys.size(); ++i) {
-    if (!(used_ >> i & 1) && schema_->keys[i].compare(0, key_.size(), key_) == 0) return true;
-  }
-  return false;
-}
 
 bool ToolArgsMatcher::feed(uint8_t byte) {
   if (fence_ < kFence.size()) {
@@ -412,47 +391,6 @@ bool ToolArgsMatcher::feed(uint8_t byte) {
     ++close_;
     return true;
   }
-  if (!json_.in_string()) {
-    if (is_ws(byte)) {
-      if (spaces_ == kMaxSpaceRun || !json_.feed(byte)) return false;
-      ++spaces_;
-      return true;
-    }
-    spaces_ = 0;
-  }
-  if (schema_ != nullptr && json_.depth() == 1) {
-    // The top-level object's structure: keys, commas and the closing brace.
-    if (json_.in_key_string()) {
-      const ToolArgsMatcher saved = *this;
-      if (!key_byte(byte) || !json_.feed(byte)) {
-        *this = saved;
-        return false;
-      }
-      return true;
-    }
-    // What the byte does is read off the automaton after it (a number ends only at the byte
-    // after it, so "1," and "1}" close a value and act as a comma or brace in one step).
-    if (json_.expects_value() && last_key_ >= 0 && !is_ws(byte)) {  // the value's first byte
-      const char type = schema_->types[static_cast<size_t>(last_key_)];
-      const bool ok = type == 0 || (type == 's' && byte == '"') || (type == 'o' && byte == '{') ||
-                      (type == 'a' && byte == '[') || (type == 'b' && (byte == 't' || byte == 'f')) ||
-                      (type == 'n' && (byte == '-' || is_digit(byte)));
-      if (!ok) return false;
-    }
-    const bool key_start = json_.expects_key() && byte == '"';
-    JsonMatcher next = json_;
-    if (!next.feed(byte)) return false;
-    if (key_start) {
-      if (!keys_left()) return false;
-      key_.clear();
-    } else if (byte == ',' && next.expects_key() && !keys_left()) {
-      return false;
-    } else if (byte == '}' && next.complete() && !can_close()) {
-      return false;
-    }
-    json_ = next;
-    return true;
-  }
   return json_.feed(byte);
 }
 
@@ -463,6 +401,15 @@ bool ToolArgsMatcher::feed(std::string_view bytes) {
 void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const {
   std::fill(allowed, allowed + mask_words(), 0);
   if (state.complete()) {  // the object is closed: the only way on is to stop
+    if (eos_ >= 0 && eos_ < vocab_size_) allowed[eos_ / 64] |= uint64_t{1} << (eos_ % 64);
+    return;
+  }
+  mask_impl(state, allowed);
+}
+
+void JsonVocab::mask(const SchemaMatcher& state, uint64_t* allowed) const {
+  if (state.complete()) {
+    std::fill(allowed, allowed + mask_words(), 0);
     if (eos_ >= 0 && eos_ < vocab_size_) allowed[eos_ / 64] |= uint64_t{1} << (eos_ % 64);
     return;
   }

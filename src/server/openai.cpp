@@ -5,6 +5,7 @@
 #include <random>
 #include <set>
 
+#include "engine/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -327,19 +328,49 @@ Result<ChatRequest> parse_chat_request(const json& b, ApiError* e) {
   if (b.contains("response_format") && !b["response_format"].is_null()) {
     const json& rf = b["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
-      fail(e, "response_format", "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+      fail(e, "response_format",
+           "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+           "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
       return bad();
     }
     const std::string type = rf["type"].get<std::string>();
     if (type == "json_object") {
       r.json_object = true;
+    } else if (type == "json_schema") {
+      // OpenAI's structured outputs: the reply is one object that follows the schema, enforced by
+      // the decoder (engine/json_schema.h says what it follows).
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) {
+        fail(e, "response_format.json_schema", "response_format json_schema needs a 'json_schema' object");
+        return bad();
+      }
+      const json& js = rf["json_schema"];
+      if (!js.contains("name") || !js["name"].is_string() || !valid_tool_name(js["name"].get<std::string>())) {
+        fail(e, "response_format.json_schema.name", "json_schema.name must match ^[a-zA-Z0-9_-]{1,64}$");
+        return bad();
+      }
+      if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null()) {
+        fail(e, "response_format.json_schema.strict", "json_schema.strict must be a boolean");
+        return bad();
+      }
+      if (!js.contains("schema") || !js["schema"].is_object()) {
+        fail(e, "response_format.json_schema.schema", "json_schema.schema must be a JSON Schema object");
+        return bad();
+      }
+      auto compiled = JsonSchema::compile(js["schema"].dump(), /*strict=*/true);
+      if (!compiled.ok()) {
+        fail(e, "response_format.json_schema.schema", compiled.status().message());
+        return bad();
+      }
+      r.json_object = true;
+      r.gen.json_schema = std::move(*compiled);
     } else if (type != "text") {
-      fail(e, "response_format", fmt::format("response_format type '{}' is not supported (text or json_object)", type));
+      fail(e, "response_format",
+           fmt::format("response_format type '{}' is not supported (text, json_object or json_schema)", type));
       return bad();
     }
   }
   if (r.json_object && !r.tools.empty() && r.tool_choice != ToolChoice::kNone) {
-    fail(e, "response_format", "json_object output cannot be combined with tool calls; set tool_choice to \"none\"");
+    fail(e, "response_format", "JSON output cannot be combined with tool calls; set tool_choice to \"none\"");
     return bad();
   }
   return r;

@@ -78,7 +78,7 @@ TEST(OpenAiParse, RejectsBadFieldsNamingTheParameter) {
       {{{"top_logprobs", 5}}, "top_logprobs"},  // without logprobs
       {{{"stop", json::array({1})}}, "stop"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
-      {{{"response_format", {{"type", "json_schema"}}}}, "response_format"},
+      {{{"response_format", {{"type", "yaml"}}}}, "response_format"},
       {{{"model", 5}}, "model"},
       {{{"messages", "hi"}}, "messages"},
       {{{"messages", json::array()}}, "messages"},
@@ -161,6 +161,40 @@ TEST(ChatPromptBuilder, UserTextCannotInjectControlTokens) {
   auto b = (*tok)->encode(*rendered);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
+}
+
+TEST(OpenAiParse, ResponseFormatJsonSchemaCompilesTheSchemaOrNamesWhatIsWrong) {
+  json b = base_chat();
+  b["response_format"] = json::parse(
+      R"({"type":"json_schema","json_schema":{"name":"person","strict":true,"schema":{"type":"object",)"
+      R"("properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name"]}}})");
+  ApiError e;
+  auto r = parse_chat_request(b, &e);
+  ASSERT_TRUE(r.ok()) << e.message;
+  EXPECT_TRUE(r->json_object);
+  ASSERT_NE(r->gen.json_schema, nullptr);
+  SchemaMatcher m(r->gen.json_schema.get());
+  EXPECT_TRUE(m.feed(std::string_view(R"({"age":3,"name":"Ann"})")) && m.complete());
+  SchemaMatcher missing(r->gen.json_schema.get());
+  EXPECT_FALSE(missing.feed(std::string_view(R"({"age":3})")));  // name is required
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"type":"json_schema"})", "response_format.json_schema"},
+      {R"({"type":"json_schema","json_schema":{"schema":{"type":"object"}}})", "response_format.json_schema.name"},
+      {R"({"type":"json_schema","json_schema":{"name":"a b","schema":{"type":"object"}}})", "response_format.json_schema.name"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","strict":"yes","schema":{"type":"object"}}})", "response_format.json_schema.strict"},
+      {R"({"type":"json_schema","json_schema":{"name":"x"}})", "response_format.json_schema.schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}})", "response_format.json_schema.schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"properties":{"a":{"$ref":"#/nope"}}}}})", "response_format.json_schema.schema"},
+      {R"({"type":"xml"})", "response_format"},
+  };
+  for (const auto& [rf, param] : bad) {
+    json q = base_chat();
+    q["response_format"] = json::parse(rf);
+    ApiError err;
+    EXPECT_FALSE(parse_chat_request(q, &err).ok()) << rf;
+    EXPECT_EQ(err.param, param) << rf << ": " << err.message;
+    EXPECT_FALSE(err.message.empty());
+  }
 }
 
 }  // namespace

@@ -256,6 +256,28 @@ await check('response_format json_object constrains the output to JSON', async (
   if (r.choices[0].finish_reason === 'stop') JSON.parse(text);
 });
 
+await check('response_format json_schema: every reply follows the schema', async () => {
+  // No free strings: the grammar bounds the object's length, so it closes within max_tokens.
+  const schema = { type: 'object', additionalProperties: false, required: ['color', 'n', 'ok', 'tags'],
+                   properties: { color: { enum: ['red', 'green', 'blue'] }, n: { type: 'integer' }, ok: { type: 'boolean' },
+                                 tags: { type: 'array', items: { enum: ['a', 'b'] }, minItems: 1, maxItems: 2 } } };
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({
+      model: 'default', messages: user('Describe a thing.'), temperature: 0.9, seed, max_tokens: 400,
+      response_format: { type: 'json_schema', json_schema: { name: 'thing', schema, strict: true } } });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'stop', c.message.content);
+    const v = JSON.parse(c.message.content);
+    assert.deepEqual(Object.keys(v).sort(), ['color', 'n', 'ok', 'tags'], c.message.content);
+    assert.ok(['red', 'green', 'blue'].includes(v.color) && Number.isInteger(v.n) && typeof v.ok === 'boolean', c.message.content);
+    assert.ok(v.tags.length >= 1 && v.tags.length <= 2 && v.tags.every((t) => t === 'a' || t === 'b'), c.message.content);
+  }
+  const bad = await raw('POST', '/v1/chat/completions', { body: JSON.stringify({ ...req,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { enum: [] } } } } } }) });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'response_format.json_schema.schema', bad.text);
+});
+
 await check('completions, plain and streamed, agree', async () => {
   const p = { model: 'tiny-test', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
   const a = await client.completions.create(p);
