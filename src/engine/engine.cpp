@@ -261,6 +261,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   for (int32_t t : request.prompt) {
     if (t < 0 || t >= V) return invalid_argument("prompt token {} is outside the vocabulary", t);
   }
+  TRY(validate_logit_bias(request.sampling, V));
   const int64_t page_tokens = m.cache->format().page_tokens;
   const int64_t need = (static_cast<int64_t>(request.prompt.size()) + 1 + page_tokens - 1) / page_tokens;
   if (need > m.cache->n_pages()) {

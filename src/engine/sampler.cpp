@@ -26,6 +26,17 @@ Status validate_sampling(const SamplingParams& p) {
     return invalid_argument("repetition_penalty {} must be within (0, 2]", p.repetition_penalty);
   }
   if (p.top_logprobs < 0 || p.top_logprobs > 20) return invalid_argument("top_logprobs {} must be within [0, 20]", p.top_logprobs);
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) return invalid_argument("logit_bias of token {} is {}; it must be within [-100, 100]", token, bias);
+  }
+  return {};
+}
+
+Status validate_logit_bias(const SamplingParams& p, int64_t vocab_size) {
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0 || token >= vocab_size)
+      return invalid_argument("logit_bias names token {}, outside this model's vocabulary of {} tokens", token, vocab_size);
+  }
   return {};
 }
 
@@ -63,6 +74,9 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
     const int32_t count = output_counts_[static_cast<size_t>(t)];
     if (params_.repetition_penalty != 1.0f) v = v > 0 ? v / params_.repetition_penalty : v * params_.repetition_penalty;
     if (count > 0) v -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+  }
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (token >= 0 && token < vocab_) w[static_cast<size_t>(token)] += bias;
   }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   if (allowed != nullptr) {

@@ -1,6 +1,6 @@
 // Sampler: turns a row of logits into the next token, as OpenAI-compatible servers define the
 // knobs (vLLM's order): repetition penalty (prompt + output tokens, HF style), presence and
-// frequency penalties (output tokens), an optional allowed-token mask (constrained decoding),
+// frequency penalties (output tokens), logit_bias, an optional allowed-token mask (constrained decoding),
 // temperature, min-p, top-k, top-p, then a draw from a per-request RNG (seeded for reproducible
 // results). temperature 0 means greedy (argmax, lowest id on ties). Log-probabilities are those
 // of the model's distribution (log-softmax of the raw logits), as OpenAI's `logprobs` reports.
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/rng.h"
@@ -29,7 +30,13 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   int32_t top_logprobs = 0;  // alternatives reported per token (0..20)
   bool logprobs = false;
+  // OpenAI's logit_bias: added to a token's logit before sampling, after the penalties, each in
+  // [-100, 100] (-100 in effect bans a token, 100 forces it). Log-probabilities stay the model's.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// logit_bias ids against the model's vocabulary (validate_sampling checks the values).
+Status validate_logit_bias(const SamplingParams& p, int64_t vocab_size);
 
 // log(sum(exp(logits[i]))) over n values, in double: the log-softmax normaliser.
 double log_sum_exp(const float* logits, size_t n);

@@ -133,5 +133,37 @@ TEST(Sampler, RespectsTheAllowedMaskAndRejectsBadParameters) {
   EXPECT_NE(validate_sampling(bad).message().find("top_p"), std::string::npos);
 }
 
+TEST(Sampler, LogitBiasShiftsTheLogitsBeforeSamplingButNotTheLogprobs) {
+  const float logits[4] = {0.5f, 2.0f, -1.0f, 1.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.logit_bias = {{1, -100.0f}, {2, 2.5f}};  // ban the argmax; lift token 2 to 1.5 (argmax now 2)
+  Sampler s(p, 4);
+  auto r = s.sample(logits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->token, 2);
+  const double lse = std::log(std::exp(0.5) + std::exp(2.0) + std::exp(-1.0) + std::exp(1.0));
+  EXPECT_NEAR(r->logprob, -1.0 - lse, 1e-6);  // the model's own log-probability
+  // At temperature 1, +100 makes a token all but certain; -100 all but impossible.
+  SamplingParams hot;
+  hot.temperature = 1;
+  hot.seed = 7;
+  hot.logit_bias = {{0, 100.0f}};
+  Sampler h(hot, 4);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(h.sample(logits)->token, 0);
+  hot.logit_bias = {{1, -100.0f}};
+  Sampler b(hot, 4);
+  for (int i = 0; i < 200; ++i) EXPECT_NE(b.sample(logits)->token, 1);
+  // Values outside [-100, 100] and ids outside the vocabulary are errors that name the token.
+  SamplingParams bad;
+  bad.logit_bias = {{3, 101.0f}};
+  EXPECT_NE(validate_sampling(bad).to_string().find("token 3"), std::string::npos);
+  bad.logit_bias = {{9, 1.0f}};
+  EXPECT_TRUE(validate_sampling(bad).ok());
+  EXPECT_NE(validate_logit_bias(bad, 4).to_string().find("token 9"), std::string::npos);
+  EXPECT_TRUE(validate_logit_bias(bad, 10).ok());
+}
+
 }  // namespace
 }  // namespace fathom

@@ -2,6 +2,7 @@
 #include "server/openai.h"
 
 #include <algorithm>
+#include <charconv>
 #include <random>
 #include <set>
 
@@ -283,6 +284,20 @@ bool parse_sampling(const json& b, GenerationRequest& gen, bool chat, ApiError* 
     if (!get_int(b, "logprobs", 0, 5, &top_lp, e)) return false;
     s.logprobs = true;
     s.top_logprobs = static_cast<int32_t>(*top_lp);
+  }
+  if (b.contains("logit_bias") && !b["logit_bias"].is_null()) {
+    const json& lb = b["logit_bias"];
+    if (!lb.is_object()) return fail(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = lb.begin(); it != lb.end(); ++it) {
+      const std::string& k = it.key();
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+      if (ec != std::errc() || end != k.data() + k.size() || id < 0 || id > INT32_MAX)
+        return fail(e, "logit_bias", fmt::format("logit_bias key '{}' is not a token id", k));
+      if (!it.value().is_number() || !(it.value().get<double>() >= -100 && it.value().get<double>() <= 100))
+        return fail(e, "logit_bias", fmt::format("logit_bias of token {} must be a number within [-100, 100]", k));
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), it.value().get<float>());
+    }
   }
   if (b.contains("stop") && !b["stop"].is_null()) {
     const json& st = b["stop"];

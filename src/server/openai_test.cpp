@@ -79,6 +79,11 @@ TEST(OpenAiParse, RejectsBadFieldsNamingTheParameter) {
       {{{"stop", json::array({1})}}, "stop"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
       {{{"response_format", {{"type", "yaml"}}}}, "response_format"},
+      {{{"logit_bias", json::array({1})}}, "logit_bias"},
+      {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"-5", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"12", 101}}}}, "logit_bias"},
+      {{{"logit_bias", {{"12", "x"}}}}, "logit_bias"},
       {{{"model", 5}}, "model"},
       {{{"messages", "hi"}}, "messages"},
       {{{"messages", json::array()}}, "messages"},

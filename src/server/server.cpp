@@ -195,6 +195,8 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   ctx.created = unix_now();
   ctx.include_usage = cr.include_usage;
   ctx.logprobs = gen.sampling.logprobs;
+  if (Status st = validate_logit_bias(gen.sampling, model->config().vocab_size); !st.ok())
+    return send_error(res, api_error_from_status(st, "logit_bias"));
   auto stream = engine->submit(std::move(gen));
   if (!stream.ok()) return send_error(res, api_error_from_status(stream.status(), "messages"));
   if (cr.stream) return stream_chat(res, *stream, ctx);
@@ -390,6 +392,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
   ctx.created = unix_now();
   ctx.include_usage = cr.include_usage;
   ctx.logprobs = gen.sampling.logprobs;
+  if (Status st = validate_logit_bias(gen.sampling, model->config().vocab_size); !st.ok())
+    return send_error(res, api_error_from_status(st, "logit_bias"));
   auto stream = engine->submit(std::move(gen));
   if (!stream.ok()) return send_error(res, api_error_from_status(stream.status(), "prompt"));
   if (cr.stream) {

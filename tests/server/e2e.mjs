@@ -278,6 +278,18 @@ await check('response_format json_schema: every reply follows the schema', async
   assert.equal(bad.json.error.param, 'response_format.json_schema.schema', bad.text);
 });
 
+await check('logit_bias forces a token; ids outside the vocabulary are a 400', async () => {
+  // +100 on one token: every sampled token is that one.
+  const forced = await client.completions.create({ model: 'tiny-test', prompt: 'Once upon a time', max_tokens: 5,
+                                                   temperature: 0.8, seed: 3, logprobs: 1, logit_bias: { 300: 100 } });
+  const ft = forced.choices[0].logprobs.tokens;
+  assert.equal(ft.length, 5, JSON.stringify(forced.choices[0]));
+  assert.ok(ft.every((t) => t === ft[0]), JSON.stringify(ft));
+  const bad = await raw('POST', '/v1/chat/completions', { body: JSON.stringify({ ...req, logit_bias: { 99999999: 5 } }) });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'logit_bias', bad.text);
+});
+
 await check('completions, plain and streamed, agree', async () => {
   const p = { model: 'tiny-test', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
   const a = await client.completions.create(p);
