@@ -304,7 +304,7 @@ void JsonVocab::walk(uint32_t node, const Matcher& state, uint64_t* allowed, boo
     const auto& [byte, child] = children_[nd.first_child + k];
     if (skip_safe && unsafe_below_[child] == 0) continue;  // all string-safe: in the mask already
     Matcher next = state;
-    if (!next.feed(byte)) continue;
+    if (!next.advance(byte)) continue;
     allow(nodes_[child].token, allowed);
     walk(child, next, allowed, skip_safe);
   }
@@ -381,6 +381,13 @@ std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view 
 
 
 bool ToolArgsMatcher::feed(uint8_t byte) {
+  const ToolArgsMatcher saved = *this;
+  if (advance(byte)) return true;
+  *this = saved;
+  return false;
+}
+
+bool ToolArgsMatcher::advance(uint8_t byte) {
   if (fence_ < kFence.size()) {
     if (byte != static_cast<uint8_t>(kFence[fence_])) return false;
     ++fence_;
@@ -391,7 +398,7 @@ bool ToolArgsMatcher::feed(uint8_t byte) {
     ++close_;
     return true;
   }
-  return json_.feed(byte);
+  return json_.advance(byte);
 }
 
 bool ToolArgsMatcher::feed(std::string_view bytes) {

@@ -58,6 +58,7 @@ class ToolArgsMatcher {
       : json_(schema != nullptr ? schema->compiled.get() : nullptr) {}
   bool feed(uint8_t byte);            // false (state unchanged) if the byte cannot continue
   bool feed(std::string_view bytes);  // all or nothing
+  bool advance(uint8_t byte);         // false: state unspecified (JsonMatcher::advance)
   bool object_closed() const { return fence_ == kFence.size() && json_.complete(); }
   bool complete() const { return object_closed() && close_ == kClose.size(); }  // no byte can follow
   bool in_string() const { return fence_ == kFence.size() && !json_.complete() && json_.in_string(); }

@@ -16,6 +16,9 @@ class JsonMatcher {
   static constexpr int kMaxDepth = 64;
   // Feeds one byte; false (state unchanged) if the byte cannot continue valid JSON.
   bool feed(uint8_t byte);
+  // As feed, but a refused byte leaves the state unspecified: for a copy about to be dropped
+  // (the mask's trie walk), which saves the copy feed makes to restore it.
+  bool advance(uint8_t byte) { return feed_inner(byte); }
   bool feed(std::string_view bytes);  // all or nothing
   bool complete() const { return state_ == State::kDone; }
   // Where the top-level object is (for ToolArgsMatcher's key rules): the nesting depth, whether the

@@ -417,7 +417,7 @@ bool SchemaMatcher::feed(std::string_view bytes) {
 
 bool SchemaMatcher::feed_inner(uint8_t b) {
   JsonMatcher next = json_;
-  if (!next.feed(b)) return false;
+  if (!next.advance(b)) return false;
   const bool ws = is_ws(b);
   if (!json_.in_string()) {
     if (ws) {

@@ -80,6 +80,7 @@ class SchemaMatcher {
   explicit SchemaMatcher(const JsonSchema* schema) : schema_(schema) {}  // not owned; null: any object
   bool feed(uint8_t byte);            // false (state unchanged) if the byte cannot continue
   bool feed(std::string_view bytes);  // all or nothing
+  bool advance(uint8_t byte) { return feed_inner(byte); }  // false: state unspecified (JsonMatcher::advance)
   bool complete() const { return json_.complete(); }
   bool in_string() const { return json_.in_string(); }
   // Inside a string whose bytes are free: not a key the schema lists, not an enum value.
