@@ -355,30 +355,11 @@ std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view 
       if (c == '"' || c == '\\' || static_cast<uint8_t>(c) < 0x20) return std::nullopt;  // needs escaping
     }
     s.keys.push_back(k);
-    char type = 0;
-    if (it.value().is_object() && it.value().contains("type") && it.value()["type"].is_string()) {
-      const std::string t = it.value()["type"].get<std::string>();
-      type = t == "string"                     ? 's'
-             : t == "number" || t == "integer" ? 'n'
-             : t == "boolean"                  ? 'b'
-             : t == "object"                   ? 'o'
-             : t == "array"                    ? 'a'
-                                               : 0;
-    }
-    s.types.push_back(type);
-  }
-  if (j.contains("required") && j["required"].is_array()) {
-    for (const auto& r : j["required"]) {
-      if (!r.is_string()) continue;
-      const auto it = std::find(s.keys.begin(), s.keys.end(), r.get<std::string>());
-      if (it != s.keys.end()) s.required |= uint64_t{1} << (it - s.keys.begin());
-    }
   }
   auto compiled = JsonSchema::compile(parameters_json, /*strict=*/false);
   if (compiled.ok()) s.compiled = *compiled;
   return s;
 }
-
 
 bool ToolArgsMatcher::feed(uint8_t byte) {
   const ToolArgsMatcher saved = *this;
@@ -405,22 +386,18 @@ bool ToolArgsMatcher::feed(std::string_view bytes) {
   return feed_all(*this, bytes);
 }
 
-void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const {
-  std::fill(allowed, allowed + mask_words(), 0);
+template <class Matcher>
+void JsonVocab::mask_reply(const Matcher& state, uint64_t* allowed) const {
   if (state.complete()) {  // the object is closed: the only way on is to stop
-    if (eos_ >= 0 && eos_ < vocab_size_) allowed[eos_ / 64] |= uint64_t{1} << (eos_ % 64);
-    return;
-  }
-  mask_impl(state, allowed);
-}
-
-void JsonVocab::mask(const SchemaMatcher& state, uint64_t* allowed) const {
-  if (state.complete()) {
     std::fill(allowed, allowed + mask_words(), 0);
     if (eos_ >= 0 && eos_ < vocab_size_) allowed[eos_ / 64] |= uint64_t{1} << (eos_ % 64);
     return;
   }
   mask_impl(state, allowed);
 }
+
+void JsonVocab::mask(const JsonMatcher& state, uint64_t* allowed) const { mask_reply(state, allowed); }
+
+void JsonVocab::mask(const SchemaMatcher& state, uint64_t* allowed) const { mask_reply(state, allowed); }
 
 }  // namespace fathom

@@ -35,10 +35,6 @@ class Tokenizer;
 // present, values follow their properties' types, enums, nested objects and arrays.
 struct ToolArgsSchema {
   std::vector<std::string> keys;  // the top-level properties, in the schema's order (call heads)
-  // Per key, the JSON type its "type" names when that is one simple type: 's' string, 'n'
-  // number/integer, 'b' boolean, 'o' object, 'a' array; 0: any value.
-  std::vector<char> types;
-  uint64_t required = 0;  // bit i: keys[i] is required
   std::shared_ptr<const JsonSchema> compiled;  // what the matcher follows (null: any object)
   static constexpr size_t kMaxKeys = JsonSchema::kMaxKeys;
   // From a JSON schema as sent in a request's tool definition; nullopt when it does not describe
@@ -107,6 +103,8 @@ class JsonVocab {
   void walk(uint32_t node, const Matcher& state, uint64_t* allowed, bool skip_safe) const;
   template <class Matcher>
   void mask_impl(const Matcher& state, uint64_t* allowed) const;
+  template <class Matcher>
+  void mask_reply(const Matcher& state, uint64_t* allowed) const;  // a whole reply: EOS once complete
   void allow(int32_t token, uint64_t* allowed) const;
   std::vector<Node> nodes_;
   std::vector<std::pair<uint8_t, uint32_t>> children_;  // (byte, node)

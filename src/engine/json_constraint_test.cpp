@@ -229,8 +229,7 @@ TEST(ToolArgsMatcher, SchemaKeysAndRequiredPropertiesAreEnforced) {
   ASSERT_TRUE(schema.has_value());
   EXPECT_EQ(schema->keys,
             (std::vector<std::string>{"path", "content", "mode", "n", "opts"}));  // the schema's order
-  EXPECT_EQ(schema->types, (std::vector<char>{'s', 's', 0, 'n', 'o'}));
-  EXPECT_EQ(schema->required, 0b00011u);
+  ASSERT_NE(schema->compiled, nullptr);
   ToolArgsMatcher m(&*schema);
   ASSERT_TRUE(m.feed(std::string_view("```json\n{ ")));
   EXPECT_FALSE(m.feed(static_cast<uint8_t>('}')));  // path and content are required
