@@ -90,9 +90,13 @@ class SchemaCompiler {
       try {
         ptr = nlohmann::json_pointer<std::string>(target.substr(1));
       } catch (const std::exception&) {
-        return fail(path, fmt::format("has $ref '{}', which is not a JSON pointer", target));
+        TRY(maybe_fail(path, fmt::format("has $ref '{}', which is not a JSON pointer", target)));
+        return JsonSchema::kAny;
       }
-      if (!doc_.contains(ptr)) return fail(path, fmt::format("has $ref '{}', which names nothing in the schema", target));
+      if (!doc_.contains(ptr)) {
+        TRY(maybe_fail(path, fmt::format("has $ref '{}', which names nothing in the schema", target)));
+        return JsonSchema::kAny;
+      }
       t = &doc_.at(ptr);
     }
     // Reserve the node first so that a recursive reference finds it.
@@ -189,7 +193,10 @@ class SchemaCompiler {
     std::vector<const ojson*> values;
     if (s.contains("const")) values.push_back(&s["const"]);
     if (s.contains("enum")) {
-      if (!s["enum"].is_array() || s["enum"].empty()) return fail(path, "has an 'enum' that is not a non-empty array");
+      if (!s["enum"].is_array() || s["enum"].empty()) {
+        TRY(maybe_fail(path, "has an 'enum' that is not a non-empty array"));
+        return ok_status();  // lenient: any value here (the node stays as new_node made it)
+      }
       for (const auto& v : s["enum"]) values.push_back(&v);
     }
     if (!values.empty()) {
@@ -209,7 +216,8 @@ class SchemaCompiler {
       if (!scalar) {
         TRY(maybe_fail(path, "has enum or const values that are objects or arrays (not followed)"));
       } else if (lits.empty()) {
-        return fail(path, "has no enum or const value of its type");
+        TRY(maybe_fail(path, "has no enum or const value of its type"));
+        return ok_status();
       } else {
         std::sort(lits.begin(), lits.end());
         lits.erase(std::unique(lits.begin(), lits.end()), lits.end());
@@ -290,12 +298,18 @@ class SchemaCompiler {
     for (const char* k : {"minItems", "maxItems"}) {
       if (!s.contains(k)) continue;
       const ojson& v = s[k];
-      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-        return fail(path, fmt::format("has a '{}' that is not a non-negative integer", k));
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+        TRY(maybe_fail(path, fmt::format("has a '{}' that is not a non-negative integer", k)));
+        continue;
+      }
       const uint64_t x = std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX);
       (k[1] == 'i' ? n.min_items : n.max_items) = static_cast<uint32_t>(x);
     }
-    if (n.min_items > n.max_items) return fail(path, "has minItems above maxItems");
+    if (n.min_items > n.max_items) {
+      TRY(maybe_fail(path, "has minItems above maxItems"));
+      n.min_items = 0;  // lenient: any length
+      n.max_items = UINT32_MAX;
+    }
     return ok_status();
   }
 
