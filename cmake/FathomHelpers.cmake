@@ -75,14 +75,14 @@ function(fathom_tests)
   gtest_discover_tests(${target} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
 endfunction()
 
-# fathom_fuzzer(NAME name SOURCE file DEPS ...): a libFuzzer target, built only with FATHOM_FUZZ;
+# fathom_fuzzer(NAME name SOURCE files... DEPS ...): a libFuzzer target, built only with FATHOM_FUZZ;
 # ctest runs it for FATHOM_FUZZ_SECONDS under the "fuzz" label.
 set(FATHOM_FUZZ_SECONDS 20 CACHE STRING "Seconds each fuzz target runs under ctest")
 function(fathom_fuzzer)
   if(NOT FATHOM_FUZZ)
     return()
   endif()
-  cmake_parse_arguments(A "" "NAME;SOURCE;CORPUS" "DEPS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;CORPUS" "SOURCE;DEPS" ${ARGN})
   set(target fuzz_${A_NAME})
   add_executable(${target} ${A_SOURCE})
   target_compile_options(${target} PRIVATE -fsanitize=fuzzer,address,undefined ${FATHOM_WARNINGS})
