@@ -1,6 +1,7 @@
 // `fathom bench mla`: the MLA decode kernel over a paged latent cache (kvcache/) at serving shapes,
 // against this machine's roofline measured in the same run: memory bandwidth (read sweep) and
-// peak BF16 dot-product rate (kernels/roofline.h). roofline_fraction = max(bytes / bandwidth,
+// peak BF16 dot-product rate of the arithmetic the kernel uses (AMX tiles where MlaDecoder runs on
+// them, else vdpbf16ps; kernels/roofline.h). roofline_fraction = max(bytes / bandwidth,
 // flops / peak) / time. The cache spans several layers whose total exceeds the last-level cache
 // and calls rotate over them, so every call streams its pages from memory. Also reports the KV
 // bytes per token per layer against a standard multi-head cache of the same model.
@@ -210,8 +211,15 @@ struct Report {
   int64_t mha_bytes = 0, working_set = 0;
 };
 
+struct Peak {
+  double gflops = 0;         // the arithmetic the kernel uses
+  double vector_gflops = 0;  // vdpbf16ps (or f32 FMA) either way
+  bool amx = false;
+};
+
 void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s, const Work& w,
-                  const MemoryBandwidth& bw, double peak, const Timing& t, const Report& r, int threads) {
+                  const MemoryBandwidth& bw, const Peak& pk, const Timing& t, const Report& r, int threads) {
+  const double peak = pk.gflops;
   const double bound = std::max(r.t_mem, r.t_compute);
   const char* bound_name = r.t_compute >= r.t_mem ? "compute" : "memory";
   if (o.json) {
@@ -238,6 +246,9 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
         {"gflops", w.flops / r.median * 1e-9},
         {"bandwidth_gbs", bw.read_gbs},
         {"peak_gflops", peak},
+        {"peak_kind", pk.amx ? "amx_bf16" : "vector"},
+        {"vector_peak_gflops", pk.vector_gflops},
+        {"memory_roofline_fraction", r.t_mem / r.median},
         {"bound", bound_name},
         {"roofline_fraction", bound / r.median},
         {"roofline_fraction_best", bound / r.best},
@@ -268,8 +279,10 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
               r.median * 1e3, t.seconds.size(), r.best * 1e3, t.cpu_utilization);
   std::printf("achieved: %.1f GB/s, %.1f GFLOP/s\n", w.bytes / r.median * 1e-9, w.flops / r.median * 1e-9);
   std::printf(
-      "machine:  read %.1f GB/s, bf16 peak %.1f GFLOP/s -> %s-bound, roofline fraction %.2f (best %.2f)\n",
-      bw.read_gbs, peak, bound_name, bound / r.median, bound / r.best);
+      "machine:  read %.1f GB/s, bf16 peak %.1f GFLOP/s (%s; vector %.1f) -> %s-bound, roofline fraction %.2f "
+      "(best %.2f), of bandwidth %.2f\n",
+      bw.read_gbs, peak, pk.amx ? "AMX tiles" : "vector", pk.vector_gflops, bound_name, bound / r.median,
+      bound / r.best, r.t_mem / r.median);
   std::printf("kv cache: %lld B per token per layer vs %lld B for multi-head attention (%.1fx smaller)\n",
               static_cast<long long>(f.token_bytes()), static_cast<long long>(r.mha_bytes),
               static_cast<double>(r.mha_bytes) / static_cast<double>(f.token_bytes()));
@@ -285,9 +298,10 @@ void print_report(const MlaBenchOptions& o, const MlaKvFormat& f, const Setup& s
 
 // The BF16 dot-product peak timed by process CPU time: every pool thread runs the roofline loop
 // of this SIMD level for about `seconds` of CPU. Comparable with --cpu-time call times.
-double cpu_time_peak_gflops(ThreadPool& pool, double seconds) {
+double cpu_time_peak_gflops(ThreadPool& pool, double seconds, bool amx) {
   const SimdLevel level = simd_level();
-  double (*loop)(uint64_t) = level >= SimdLevel::kAvx512Bf16 ? internal::peak_bf16_avx512bf16
+  double (*loop)(uint64_t) = amx                             ? internal::peak_amx_bf16
+                             : level >= SimdLevel::kAvx512Bf16 ? internal::peak_bf16_avx512bf16
                              : level >= SimdLevel::kAvx512   ? internal::peak_f32_avx512
                              : level >= SimdLevel::kAvx2     ? internal::peak_f32_avx2
                                                              : nullptr;
@@ -341,8 +355,18 @@ Status run(const MlaBenchOptions& o) {
   // The machine first (its buffers are freed before the cache is built), the peak again after.
   MemoryBandwidth bw = measure_memory_bandwidth(pool, roofline_bytes);
   if (o.cpu_time) bw.read_gbs = cpu_time_read_gbs(pool, roofline_bytes);
+  // The peak of the arithmetic the kernel runs: AMX tiles where it uses them, else vdpbf16ps (or
+  // the f32 FMA of the lower levels); the vector peak is reported beside it either way.
+  const bool amx = mla_decode_uses_amx(f);
+  double vector_peak = 0;
   auto measure_peak = [&] {
-    return o.cpu_time ? cpu_time_peak_gflops(pool, 0.3) : measure_peak_compute(pool).bf16_gflops;
+    if (o.cpu_time) {
+      vector_peak = std::max(vector_peak, cpu_time_peak_gflops(pool, 0.3, false));
+      return amx ? cpu_time_peak_gflops(pool, 0.3, true) : vector_peak;
+    }
+    const PeakCompute pc = measure_peak_compute(pool);
+    vector_peak = std::max(vector_peak, pc.bf16_gflops);
+    return amx ? pc.amx_bf16_gflops : pc.bf16_gflops;
   };
   double peak = measure_peak();
   Setup s = TRY(build_setup(o, f));
@@ -359,7 +383,7 @@ Status run(const MlaBenchOptions& o) {
            .t_compute = peak > 0 ? w.flops / (peak * 1e9) : 0,  // no peak loop at the scalar level
            .mha_bytes = int64_t{o.heads} * (o.qk_nope + o.d_rope + o.v_head) * 2,
            .working_set = s.cache->n_layers() * o.batch * s.max_pages * f.page_bytes()};
-  print_report(o, f, s, w, bw, peak, t, r, pool.size());
+  print_report(o, f, s, w, bw, {peak, vector_peak, amx}, t, r, pool.size());
   return {};
 }
 

@@ -30,9 +30,10 @@ int64_t round64(int64_t n) {
   return (n + 63) / 64 * 64;
 }
 
-internal::MlaSegmentFn segment_fn(SimdLevel level) {
+internal::MlaSegmentFn segment_fn(SimdLevel level, const MlaKvFormat& format) {
   switch (level) {
     case SimdLevel::kAvx512Bf16:
+      if (mla_decode_uses_amx(format)) return internal::mla_segment_amx_avx512bf16;
       return internal::mla_segment_avx512bf16;
     case SimdLevel::kAvx512:
       return internal::mla_segment_avx512;
@@ -282,6 +283,10 @@ Result<std::unique_ptr<MlaDecoder>> MlaDecoder::create(const MlaDecoderOptions& 
   return std::unique_ptr<MlaDecoder>(new MlaDecoder(options, std::move(st)));
 }
 
+bool mla_decode_uses_amx(const MlaKvFormat& format) {
+  return simd_level() == SimdLevel::kAvx512Bf16 && amx_bf16_usable() && internal::mla_amx_shape_ok(format);
+}
+
 Status MlaDecoder::decode(const MlaDecodeParams& p) {
   TRY(validate_mla_decode(p));
   if (!(p.cache.format == options_.format)) {
@@ -301,7 +306,7 @@ Status MlaDecoder::decode(const MlaDecodeParams& p) {
   }
   if (p.batch == 0) return {};
   State& st = *state_;
-  const internal::MlaSegmentFn fn = segment_fn(simd_level());
+  const internal::MlaSegmentFn fn = segment_fn(simd_level(), p.cache.format);
   internal::plan_mla_schedule(p.cache_seqlens, p.batch,
                               {.n_parts = st.n_parts, .page_tokens = p.cache.format.page_tokens},
                               &st.schedule);

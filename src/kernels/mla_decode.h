@@ -87,6 +87,11 @@ class MlaDecoder {
   std::unique_ptr<State> state_;
 };
 
+// Whether MlaDecoder runs both GEMMs on AMX tiles for caches of `format` in this process now
+// (AVX-512 BF16 level, amx_bf16_usable(), d_qk and d_latent multiples of 32, pages of a multiple
+// of 32 tokens); otherwise on the vector unit. Benchmarks pick the matching peak with it.
+bool mla_decode_uses_amx(const MlaKvFormat& format);
+
 // The scalar reference: the same algorithm (paged online softmax in f32), one thread, no SIMD.
 // For tests; MlaDecoder uses it too when simd_level() is scalar.
 Status mla_decode_reference(const MlaDecodeParams& params);

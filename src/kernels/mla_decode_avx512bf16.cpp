@@ -9,6 +9,7 @@
 //        pp[j][r]; v interleaved 4 column blocks at a time as vp[block][j][16 columns x 2].
 // The query and P are rounded to bf16 (P before it is summed, so the normaliser matches). Not
 // here: the softmax and the segment loop (mla_decode_simd.h), scheduling (mla_decode.cpp).
+#include "kernels/amx_tiles.h"
 #include "kernels/mla_decode_simd.h"
 
 namespace fathom::internal {
@@ -63,7 +64,9 @@ struct Fp8Pow2 {
     const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
     const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
     __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), bias);
-    v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, sub);
+    // Zero and subnormals are rare in a scaled cache (values below 2^-6 of their group's scale).
+    const __mmask32 tiny = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+    if (tiny != 0) v = _mm512_mask_permutexvar_epi16(v, tiny, mag, sub);
     return _mm512_or_si512(v, sign);
   }
 };
@@ -328,12 +331,17 @@ struct PvTile {
 // vp[j][tp][32]: (v[2tp][c], v[2tp+1][c]) pairs. Whole 32-column chunks use vpunpck{l,h}wd, which
 // interleave within 128-bit lanes, so their columns come out permuted (see bf16_finish_row) and
 // finish_row restores it; a last 16-column block is interleaved in order. A missing odd row is
-// zero. A few blocks at a time (8 KiB) stay in L1 while the PV tiles of every row read them.
+// zero, and so are pairs past nt (n_tp may be padded). A few blocks at a time (8 KiB) stay in L1
+// while the PV tiles of every row read them.
 void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                       6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const int64_t v_cb = int64_t{n_tp} * 32;
   for (int tp = 0; tp < n_tp; ++tp) {
+    if (2 * tp >= nt) {  // padding pairs (the AMX path's K of 32 tokens): zero, never read
+      for (int j = 0; j < n_cb; ++j) _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_setzero_si512());
+      continue;
+    }
     const uint16_t* a = reinterpret_cast<const uint16_t*>(k.ptr + 2 * tp * k.stride) + cb0 * 16;
     const bool has_b = 2 * tp + 1 < nt;
     const uint16_t* b = reinterpret_cast<const uint16_t*>(k.ptr + (2 * tp + 1) * k.stride) + cb0 * 16;
@@ -430,10 +438,218 @@ struct Bf16Isa {
   }
 };
 
+
+// ---- AMX tiles (mla_segment_amx_avx512bf16): both GEMMs on TDPBF16PS, 16 x 16 f32 tiles. ----
+//
+//   QK:  S[t][r] = K[t][:] . Q[r][:]   A = 16 token rows x 32 dims of the page (bf16, read in place
+//        from a bf16 page or from the fp8 page's bf16 copy), B = qp (bf16_pack_q's [rb][pair][16
+//        rows] layout is the tile's pair-interleaved B), C stored into S[t][r] as the vector path's.
+//   PV:  O[r][c] = alpha_r O[r][c] + P[r][:] . V[:][c]   A = P transposed to [rows][tokens] bf16,
+//        B = bf16_pack_v's [block][token pair][16 columns x 2] (zero pairs up to 32 tokens), C per
+//        16-column block stored and folded into O with the rescale.
+// The tiles are configured once per segment (all eight 16 x 64 bytes, amx_tiles.h). Needs d_qk and
+// d_latent multiples of 32 and pages of a multiple of 32 tokens (mla_amx_shape_ok).
+
+// P [nt][sstride] f32 (bf16-exact values) of row block rb -> pt[16][tpad] bf16, tokens past nt zero.
+void amx_transpose_p(const float* s, int nt, int64_t sstride, int rb, int tpad, uint16_t* pt) {
+  for (int t0 = 0; t0 < tpad; t0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = t0 + i < nt ? _mm512_loadu_ps(s + (t0 + i) * sstride + rb * 16) : _mm512_setzero_ps();
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; ++i) {
+      t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+      t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+      t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+      t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    // r[j]: row j of the block over tokens t0 .. t0 + 15 (a 16 x 16 transpose). P holds bf16
+    // values already, so the conversion is exact.
+    for (int j = 0; j < 16; ++j) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pt + int64_t{j} * tpad + t0),
+                          (__m256i)_mm512_cvtneps_pbh(r[j]));
+    }
+  }
+}
+
+// The next page, fetched a few lines at a time between the tile operations of this one (QK, then
+// PV, which flushes the rest): a page is contiguous, 64 tokens of 1152 (bf16) or 656 (fp8) bytes,
+// and one core keeps only ~16 lines in flight, so a burst of prefetches stalls the tiles behind it.
+struct AmxPrefetch {
+  const char* p = nullptr;
+  const char* end = nullptr;
+  void start(const MlaRows& k, int rows) {
+    p = reinterpret_cast<const char*>(k.next);
+    end = p == nullptr ? nullptr : p + rows * k.next_stride;
+  }
+  void issue(int lines) {
+    for (; lines > 0 && p < end; --lines, p += 64) _mm_prefetch(p, _MM_HINT_T0);
+  }
+  void finish() { issue(1 << 30); }
+};
+thread_local AmxPrefetch g_amx_prefetch;
+constexpr int kQkLines = 8;   // per QK tile product (72 per row block of a 64-token page)
+constexpr int kPvLines = 8;   // per PV tile product (64 per row block of a 64-token page)
+
+// S = K Q^T for the page on tiles: row block rb's C tiles 0-3 hold tokens [16 tb, 16 tb + 16) x
+// 16 rows; tile 4 the B slice of qp, tiles 5-7 the A slices.
+void amx_qk(const MlaRows& k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+  const int n_dp = D / 2, n_k = D / 32, n_tb = (nt + 15) / 16;
+  g_amx_prefetch.start(k, nt);
+  const auto* q = reinterpret_cast<const uint32_t*>(s.q);
+  const int64_t ks = k.stride;
+  for (int rb = 0; rb < rb_count; ++rb) {
+    const uint32_t* qb = q + int64_t{rb} * n_dp * 16;
+    for (int tb0 = 0; tb0 < n_tb; tb0 += 4) {
+      const int nb = std::min(4, n_tb - tb0);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int kk = 0; kk < n_k; ++kk) {
+        _tile_loadd(4, qb + kk * 256, 64);
+        const uint8_t* a = k.ptr + tb0 * 16 * ks + kk * 64;
+        _tile_loadd(5, a, ks);
+        _tile_dpbf16ps(0, 5, 4);
+        g_amx_prefetch.issue(kQkLines);
+        if (nb > 1) {
+          _tile_loadd(6, a + 16 * ks, ks);
+          _tile_dpbf16ps(1, 6, 4);
+          g_amx_prefetch.issue(kQkLines);
+        }
+        if (nb > 2) {
+          _tile_loadd(7, a + 32 * ks, ks);
+          _tile_dpbf16ps(2, 7, 4);
+          g_amx_prefetch.issue(kQkLines);
+        }
+        if (nb > 3) {
+          _tile_loadd(5, a + 48 * ks, ks);
+          _tile_dpbf16ps(3, 5, 4);
+          g_amx_prefetch.issue(kQkLines);
+        }
+      }
+      float* out = s.s + tb0 * 16 * sstride + rb * 16;
+      const int64_t os = sstride * 4;
+      _tile_stored(0, out, os);
+      if (nb > 1) _tile_stored(1, out + 16 * sstride, os);
+      if (nb > 2) _tile_stored(2, out + 32 * sstride, os);
+      if (nb > 3) _tile_stored(3, out + 48 * sstride, os);
+    }
+  }
+}
+
+// O[r][:] *= alpha_r for the rows of row block rb whose running max moved on this page (alpha
+// is exactly 1 for the others, which is most rows after a sequence's first pages).
+void amx_rescale(int rb, int dl, const float* alpha, float* o) {
+  const __mmask16 moved =
+      _mm512_cmp_ps_mask(_mm512_loadu_ps(alpha + rb * 16), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
+  for (uint32_t m = moved; m != 0; m &= m - 1) {
+    const int r = rb * 16 + __builtin_ctz(m);
+    const __m512 al = _mm512_set1_ps(alpha[r]);
+    float* row = o + int64_t{r} * dl;
+    for (int c = 0; c < dl; c += 16) _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), al));
+  }
+}
+
+// O update for the page on tiles: P transposed per row block into s.p ([rb][16][tpad] bf16), V
+// packed kPvBlock column blocks at a time (zero pairs up to tpad tokens); O's rows rescaled where
+// alpha moved, then accumulated in place: C tiles 0-3 load four 16-column blocks of O (rows of
+// d_latent floats), tile 4 holds the A slice of P, tiles 5-7 the B slices of V.
+void amx_pv(const MlaRows& k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
+  const int rb_count = (R + 15) / 16, tpad = (nt + 31) / 32 * 32, n_tp = tpad / 2, n_k = tpad / 32;
+  const int n_cb = dl / 16;
+  auto* pt = reinterpret_cast<uint16_t*>(s.p);
+  for (int rb = 0; rb < rb_count; ++rb) {
+    amx_transpose_p(s.s, nt, sstride, rb, tpad, pt + int64_t{rb} * 16 * tpad);
+    amx_rescale(rb, dl, s.alpha, s.o);
+  }
+  auto* vp = reinterpret_cast<uint16_t*>(s.v);
+  const int64_t v_cb = int64_t{n_tp} * 32, os = int64_t{dl} * 4;
+  for (int cb0 = 0; cb0 < n_cb; cb0 += kPvBlock) {
+    const int nb = std::min(kPvBlock, n_cb - cb0);
+    bf16_pack_v(k, nt, cb0, nb, n_tp, vp);
+    for (int rb = 0; rb < rb_count; ++rb) {
+      const uint16_t* a = pt + int64_t{rb} * 16 * tpad;
+      float* o = s.o + int64_t{rb} * 16 * dl + cb0 * 16;
+      _tile_loadd(0, o, os);
+      if (nb > 1) _tile_loadd(1, o + 16, os);
+      if (nb > 2) _tile_loadd(2, o + 32, os);
+      if (nb > 3) _tile_loadd(3, o + 48, os);
+      for (int kk = 0; kk < n_k; ++kk) {
+        _tile_loadd(4, a + kk * 32, tpad * 2);
+        const uint16_t* b = vp + kk * 512;  // 16 token pairs x 32 values
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        g_amx_prefetch.issue(kPvLines);
+        if (nb > 1) {
+          _tile_loadd(6, b + v_cb, 64);
+          _tile_dpbf16ps(1, 4, 6);
+          g_amx_prefetch.issue(kPvLines);
+        }
+        if (nb > 2) {
+          _tile_loadd(7, b + 2 * v_cb, 64);
+          _tile_dpbf16ps(2, 4, 7);
+          g_amx_prefetch.issue(kPvLines);
+        }
+        if (nb > 3) {
+          _tile_loadd(5, b + 3 * v_cb, 64);
+          _tile_dpbf16ps(3, 4, 5);
+          g_amx_prefetch.issue(kPvLines);
+        }
+      }
+      _tile_stored(0, o, os);
+      if (nb > 1) _tile_stored(1, o + 16, os);
+      if (nb > 2) _tile_stored(2, o + 32, os);
+      if (nb > 3) _tile_stored(3, o + 48, os);
+    }
+  }
+  g_amx_prefetch.finish();
+}
+
+struct AmxIsa {
+  using V = V512;
+  static constexpr bool kRoundP = true;
+  static void pack_q(const float* q, int R, int D, MlaScratch& s) { bf16_pack_q(q, R, D, s); }
+  static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
+                           const uint8_t* next) {
+    return bf16_load_page(f, page, nt, s, next);
+  }
+  static void finish_row(const float* o, float inv, int dl, float* out) { bf16_finish_row(o, inv, dl, out); }
+  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+    amx_qk(k, nt, rb_count, D, sstride, s);
+  }
+  static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
+    amx_pv(k, nt, R, dl, sstride, s);
+  }
+};
 }  // namespace
 
 void mla_segment_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch) {
   mla_segment_simd<Bf16Isa>(args, scratch);
+}
+
+bool mla_amx_shape_ok(const MlaKvFormat& f) {
+  return f.d_qk() % 32 == 0 && f.d_latent % 32 == 0 && f.page_tokens % 32 == 0;
+}
+
+void mla_segment_amx_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch) {
+  amx::configure_full_tiles();
+  mla_segment_simd<AmxIsa>(args, scratch);
+  _tile_release();
 }
 
 }  // namespace fathom::internal

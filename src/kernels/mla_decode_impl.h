@@ -51,6 +51,10 @@ void mla_segment_ref(const MlaSegmentArgs& args, MlaScratch& scratch);
 void mla_segment_avx2(const MlaSegmentArgs& args, MlaScratch& scratch);
 void mla_segment_avx512(const MlaSegmentArgs& args, MlaScratch& scratch);
 void mla_segment_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch);
+// AMX tiles for both GEMMs (mla_decode_avx512bf16.cpp); only where amx_bf16_usable() and
+// mla_amx_shape_ok(format): d_qk and d_latent multiples of 32, pages of a multiple of 32 tokens.
+void mla_segment_amx_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch);
+bool mla_amx_shape_ok(const MlaKvFormat& format);
 
 // The schedule of one call: segments grouped by part; a part runs on one thread.
 struct MlaSegmentPlan {

@@ -189,12 +189,21 @@ int compare(const Problem& pr, const std::vector<double>& ref_out, const std::ve
   return bad;
 }
 
-std::vector<SimdLevel> available_levels() {
-  std::vector<SimdLevel> levels;
+// A kernel path: a SIMD level, and for AVX-512 BF16 whether the AMX tiles run (where the CPU has
+// them, both: the vdpbf16ps segment and the tile segment).
+struct Path {
+  SimdLevel level;
+  bool amx = false;
+  std::string name() const { return std::string(simd_level_name(level)) + (amx ? "+amx" : ""); }
+};
+
+std::vector<Path> available_paths() {
+  std::vector<Path> paths;
   for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kAvx512Bf16}) {
-    if (static_cast<int>(l) <= static_cast<int>(simd_level_supported())) levels.push_back(l);
+    if (static_cast<int>(l) <= static_cast<int>(simd_level_supported())) paths.push_back({l});
   }
-  return levels;
+  if (paths.back().level == SimdLevel::kAvx512Bf16 && amx_bf16_available()) paths.push_back({SimdLevel::kAvx512Bf16, true});
+  return paths;
 }
 
 // Tolerances per path against float64 (q exact in bf16). The bf16 path rounds P to bf16
@@ -206,8 +215,14 @@ Tolerance tolerance_for(SimdLevel level) {
 }
 
 struct SimdCap {
-  explicit SimdCap(SimdLevel l) { set_simd_level_cap(l); }
-  ~SimdCap() { set_simd_level_cap(SimdLevel::kAvx512Bf16); }
+  explicit SimdCap(const Path& p) {
+    set_simd_level_cap(p.level);
+    set_amx_enabled(p.amx);
+  }
+  ~SimdCap() {
+    set_simd_level_cap(SimdLevel::kAvx512Bf16);
+    set_amx_enabled(true);
+  }
 };
 
 // Runs the decoder on every available path (3 threads, so sequences split across parts).
@@ -225,15 +240,16 @@ void run_all_paths(const CaseSpec& spec, const char* what) {
                                  .pool = pool.get(),
                                  .parts_per_thread = 2});
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
-  for (SimdLevel level : available_levels()) {
-    SCOPED_TRACE(std::string("path ") + std::string(simd_level_name(level)));
-    SimdCap cap(level);
+  for (const Path& path : available_paths()) {
+    const SimdLevel level = path.level;
+    SCOPED_TRACE(std::string("path ") + path.name());
+    SimdCap cap(path);
     std::fill(pr.out.begin(), pr.out.end(), std::numeric_limits<float>::quiet_NaN());
     std::fill(pr.lse.begin(), pr.lse.end(), std::numeric_limits<float>::quiet_NaN());
     ASSERT_TRUE((*dec)->decode(pr.params()).ok());
     double worst = 0;
     EXPECT_EQ(compare(pr, ref_out, ref_lse, tolerance_for(level), &worst), 0);
-    std::printf("[ max err  ] %s %s: out %.3g\n", what, std::string(simd_level_name(level)).c_str(), worst);
+    std::printf("[ max err  ] %s %s: out %.3g\n", what, path.name().c_str(), worst);
   }
   // The single-threaded reference entry point agrees too.
   std::fill(pr.out.begin(), pr.out.end(), std::numeric_limits<float>::quiet_NaN());
@@ -337,12 +353,13 @@ TEST(MlaDecode, FullPrecisionQueryStaysWithinBf16Tolerance) {
   reference_f64(pr, &ref_out, &ref_lse);
   auto dec = MlaDecoder::create({.format = spec.format, .max_batch = 4, .max_rows = 16});
   ASSERT_TRUE(dec.ok());
-  for (SimdLevel level : available_levels()) {
-    SimdCap cap(level);
+  for (const Path& path : available_paths()) {
+    const SimdLevel level = path.level;
+    SimdCap cap(path);
     ASSERT_TRUE((*dec)->decode(pr.params()).ok());
     const Tolerance tol =
         level == SimdLevel::kAvx512Bf16 ? Tolerance{2e-2, 2e-2, 2e-2} : tolerance_for(level);
-    EXPECT_EQ(compare(pr, ref_out, ref_lse, tol), 0) << simd_level_name(level);
+    EXPECT_EQ(compare(pr, ref_out, ref_lse, tol), 0) << path.name();
   }
 }
 
@@ -352,8 +369,8 @@ TEST(MlaDecode, EmptySequencesGiveZeroOutputAndInfiniteLse) {
   Problem pr = make_problem(spec, test_seed());
   auto dec = MlaDecoder::create({.format = spec.format, .max_batch = 4, .max_rows = 32});
   ASSERT_TRUE(dec.ok());
-  for (SimdLevel level : available_levels()) {
-    SimdCap cap(level);
+  for (const Path& path : available_paths()) {
+    SimdCap cap(path);
     std::fill(pr.out.begin(), pr.out.end(), std::numeric_limits<float>::quiet_NaN());
     ASSERT_TRUE((*dec)->decode(pr.params()).ok());
     for (float x : pr.out) ASSERT_EQ(x, 0.0f);
@@ -390,15 +407,16 @@ TEST(MlaDecode, SingleTokenOutputIsTheStoredLatentExactly) {
     auto dec = MlaDecoder::create({.format = f, .max_batch = 1, .max_rows = 2});
     ASSERT_TRUE(dec.ok());
     const bool pow2 = sc[0] == 1.0f;
-    for (SimdLevel level : available_levels()) {
-      SimdCap cap(level);
+    for (const Path& path : available_paths()) {
+    const SimdLevel level = path.level;
+      SimdCap cap(path);
       ASSERT_TRUE((*dec)->decode(p).ok());
       for (int h = 0; h < 2; ++h) {
         for (int c = 0; c < f.d_latent; ++c) {
           float expect = want[static_cast<size_t>(c)];
           if (!pow2 && level == SimdLevel::kAvx512Bf16) expect = bf16_to_f32(f32_to_bf16(expect));
           ASSERT_EQ(out[static_cast<size_t>(h * f.d_latent + c)], expect)
-              << simd_level_name(level) << " column " << c << " code " << int{pool[static_cast<size_t>(c)]};
+              << path.name() << " column " << c << " code " << int{pool[static_cast<size_t>(c)]};
         }
       }
     }

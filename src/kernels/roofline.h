@@ -48,7 +48,7 @@ struct PeakCompute {
   SimdLevel level = SimdLevel::kScalar;
   // The BF16 rate the matmul kernels run at here: AMX tiles where they are used (amx_bf16_usable),
   // else the vector dot products. Rooflines of work done by matmul (prefill, batched decode) use
-  // this; the MLA decode kernel (vector only) uses bf16_gflops.
+  // this; the MLA decode kernel uses amx_bf16_gflops where mla_decode_uses_amx, else bf16_gflops.
   double matmul_bf16_gflops() const { return amx_bf16_gflops > 0 ? amx_bf16_gflops : bf16_gflops; }
   // The peak of the arithmetic matmul uses for weights of `dtype` (kernels/matmul.h): int8 VNNI for
   // q8_0/q4_0, matmul_bf16_gflops for bf16/fp8 where vdpbf16ps exists, fp32 FMA otherwise; `arith`
