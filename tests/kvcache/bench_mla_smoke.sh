@@ -9,7 +9,8 @@ import json, sys
 d = json.loads(sys.argv[1].strip().splitlines()[-1])
 want_dtype, want_heads = sys.argv[2], int(sys.argv[3])
 fields = ["seconds", "bytes", "flops", "bandwidth_gbs", "peak_gflops", "roofline_fraction", "gbs", "gflops",
-          "kv_bytes_per_token_per_layer", "mha_bytes_per_token_per_layer", "check_max_abs_diff", "cpu_utilization"]
+          "kv_bytes_per_token_per_layer", "mha_bytes_per_token_per_layer", "check_max_abs_diff", "cpu_utilization",
+          "peak_kind", "vector_peak_gflops", "memory_roofline_fraction"]
 missing = [f for f in fields if f not in d]
 assert not missing, f"missing {missing}"
 assert d["kv_dtype"] == want_dtype and d["heads"] == want_heads, d
@@ -18,6 +19,11 @@ assert d["mha_bytes_per_token_per_layer"] == want_heads * (128 + 64 + 128) * 2, 
 assert d["seconds"] > 0 and d["flops"] > 0 and d["bytes"] > 0 and d["roofline_fraction"] > 0, d
 assert 0 <= d["check_max_abs_diff"] < 0.05, d  # bf16 rounding of q and P against the f32 reference
 assert d["working_set_bytes"] >= 2 * 1024 * 1024, d
+# The peak is that of the arithmetic used: the tiles' only at the AVX-512 BF16 level.
+assert d["peak_kind"] in ("amx_bf16", "vector"), d
+assert d["peak_kind"] == "vector" or d["simd_level"] == "avx512bf16", d
+assert d["peak_kind"] == "vector" or d["peak_gflops"] > d["vector_peak_gflops"], d
+assert 0 < d["memory_roofline_fraction"] <= d["roofline_fraction"] + 1e-12, d
 PY
 )
 check() { python3 -c "$check_py" "$@"; }
