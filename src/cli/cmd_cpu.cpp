@@ -36,7 +36,7 @@ int run_cpu(int argc, char** argv) {
   std::printf("simd level: %s (supported: %s)\n", std::string(simd_level_name(simd_level())).c_str(),
               std::string(simd_level_name(simd_level_supported())).c_str());
   std::printf("amx tiles:  %s\n",
-              amx_bf16_usable() ? "used by matmul (bf16/fp8 weights, m >= 4; FATHOM_AMX=0 turns them off)"
+              amx_bf16_usable() ? "used by matmul (bf16/fp8 weights, m >= 4) and MLA decode; FATHOM_AMX=0 turns them off"
               : f.amx_tile      ? "present but not usable (tile state not granted, or FATHOM_AMX=0)"
                                 : "absent");
   std::printf("threads:    %d\n", default_thread_count());
