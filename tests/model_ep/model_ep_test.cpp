@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "../mpi_tmpdir.h"
+
 namespace {
 
 struct Proc {
@@ -64,6 +66,7 @@ Proc sh(const std::string& cmd) {
 
 // Two oversubscribed ranks on a small machine: one thread each, yield when idle.
 std::string mpirun(int np) {
+  fathom::testing::use_private_ompi_tmpdir();
   return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " " + bin();
 }
 

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <string>
 
+#include "../mpi_tmpdir.h"
+
 namespace fathom::pipeline::testing {
 
 struct MpiRun {
@@ -33,6 +35,7 @@ inline std::string temp_path(const std::string& name) {
 inline MpiRun mpirun(int ranks, const std::string& args, int timeout_s = 240) {
   const char* bin = std::getenv("FATHOM_BIN");
   EXPECT_NE(bin, nullptr) << "FATHOM_BIN is not set (run through ctest)";
+  fathom::testing::use_private_ompi_tmpdir();
   ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
   ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
   ::setenv("LSAN_OPTIONS", "suppressions=" FATHOM_LSAN_OPENMPI_SUPP, 1);

@@ -229,6 +229,7 @@ class TrainMpiTrainer : public ::testing::Test {
   // Runs `[mpirun -np N] fathom train ...`; returns the exit code, stderr in *err.
   int train(int ranks, const std::string& args, std::string* err, const std::string& config = "") const {
     const std::string bin = std::getenv("FATHOM_BIN") ? std::getenv("FATHOM_BIN") : "fathom";
+    if (ranks > 0) fathom::testing::use_private_ompi_tmpdir();
     const std::string err_path = dir_ + "/stderr";
     const std::string launcher =
         ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
