@@ -24,31 +24,11 @@ constexpr uint8_t kMaxExpDigits = 2;
 }  // namespace
 
 bool JsonMatcher::feed(uint8_t byte) {
-  JsonMatcher saved = *this;
-  if (feed_inner(byte)) return true;
-  *this = saved;
-  return false;
+  return feed_all_or_nothing(*this, std::string_view(reinterpret_cast<const char*>(&byte), 1));
 }
-
-namespace {
-
-// Feeds every byte or none: on a refused byte the matcher is restored.
-template <class Matcher>
-bool feed_all(Matcher& m, std::string_view bytes) {
-  const Matcher saved = m;
-  for (char c : bytes) {
-    if (!m.feed(static_cast<uint8_t>(c))) {
-      m = saved;
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 bool JsonMatcher::feed(std::string_view bytes) {
-  return feed_all(*this, bytes);
+  return feed_all_or_nothing(*this, bytes);
 }
 
 // After a complete value inside a container.
@@ -362,10 +342,7 @@ std::optional<ToolArgsSchema> ToolArgsSchema::from_json_schema(std::string_view 
 }
 
 bool ToolArgsMatcher::feed(uint8_t byte) {
-  const ToolArgsMatcher saved = *this;
-  if (advance(byte)) return true;
-  *this = saved;
-  return false;
+  return feed_all_or_nothing(*this, std::string_view(reinterpret_cast<const char*>(&byte), 1));
 }
 
 bool ToolArgsMatcher::advance(uint8_t byte) {
@@ -383,7 +360,7 @@ bool ToolArgsMatcher::advance(uint8_t byte) {
 }
 
 bool ToolArgsMatcher::feed(std::string_view bytes) {
-  return feed_all(*this, bytes);
+  return feed_all_or_nothing(*this, bytes);
 }
 
 template <class Matcher>

@@ -54,4 +54,18 @@ class JsonMatcher {
   std::array<uint8_t, kMaxDepth> stack_{};  // '{' or '['
 };
 
+// feed() for every matcher with advance(byte) (JsonMatcher, SchemaMatcher, ToolArgsMatcher):
+// every byte or none, the state restored from one copy if a byte is refused.
+template <class Matcher>
+bool feed_all_or_nothing(Matcher& m, std::string_view bytes) {
+  const Matcher saved = m;
+  for (char c : bytes) {
+    if (!m.advance(static_cast<uint8_t>(c))) {
+      m = saved;
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace fathom

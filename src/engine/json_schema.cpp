@@ -412,21 +412,11 @@ bool SchemaMatcher::start_value(uint8_t b, uint32_t node) {
 }
 
 bool SchemaMatcher::feed(uint8_t byte) {
-  const SchemaMatcher saved = *this;
-  if (feed_inner(byte)) return true;
-  *this = saved;
-  return false;
+  return feed_all_or_nothing(*this, std::string_view(reinterpret_cast<const char*>(&byte), 1));
 }
 
 bool SchemaMatcher::feed(std::string_view bytes) {
-  const SchemaMatcher saved = *this;
-  for (char c : bytes) {
-    if (!feed_inner(static_cast<uint8_t>(c))) {
-      *this = saved;
-      return false;
-    }
-  }
-  return true;
+  return feed_all_or_nothing(*this, bytes);
 }
 
 bool SchemaMatcher::feed_inner(uint8_t b) {

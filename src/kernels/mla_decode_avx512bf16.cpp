@@ -438,15 +438,14 @@ struct Bf16Isa {
   }
 };
 
-
 // ---- AMX tiles (mla_segment_amx_avx512bf16): both GEMMs on TDPBF16PS, 16 x 16 f32 tiles. ----
 //
 //   QK:  S[t][r] = K[t][:] . Q[r][:]   A = 16 token rows x 32 dims of the page (bf16, read in place
 //        from a bf16 page or from the fp8 page's bf16 copy), B = qp (bf16_pack_q's [rb][pair][16
 //        rows] layout is the tile's pair-interleaved B), C stored into S[t][r] as the vector path's.
 //   PV:  O[r][c] = alpha_r O[r][c] + P[r][:] . V[:][c]   A = P transposed to [rows][tokens] bf16,
-//        B = bf16_pack_v's [block][token pair][16 columns x 2] (zero pairs up to 32 tokens), C per
-//        16-column block stored and folded into O with the rescale.
+//        B = bf16_pack_v's [block][token pair][16 columns x 2] (zero pairs up to 32 tokens), C the
+//        16-column blocks of O itself (rows rescaled by alpha first where their max moved).
 // The tiles are configured once per segment (all eight 16 x 64 bytes, amx_tiles.h). Needs d_qk and
 // d_latent multiples of 32 and pages of a multiple of 32 tokens (mla_amx_shape_ok).
 
@@ -506,8 +505,40 @@ struct AmxPrefetch {
   void finish() { issue(1 << 30); }
 };
 thread_local AmxPrefetch g_amx_prefetch;
-constexpr int kQkLines = 8;   // per QK tile product (72 per row block of a 64-token page)
-constexpr int kPvLines = 8;   // per PV tile product (64 per row block of a 64-token page)
+constexpr int kAmxLines = 8;  // per tile product (136 per row block of a 64-token page: QK 72, PV 64)
+
+// One step of up to four products into C tiles 0..NB-1 against the shared operand in tile 4: the
+// other operand loaded into tiles 5, 6, 7, 5 from P, P + STEP, ... (rows of STRIDE bytes), as A
+// (QK: key rows, MLA_AMX_A) or as B (PV: V pairs, MLA_AMX_B), a few next-page lines after each.
+// Macros: GCC pastes the tile numbers into the instructions, so they must be literals.
+#define MLA_AMX_A(C, T, P, STRIDE) \
+  do {                             \
+    _tile_loadd(T, P, STRIDE);     \
+    _tile_dpbf16ps(C, T, 4);       \
+    g_amx_prefetch.issue(kAmxLines); \
+  } while (0)
+#define MLA_AMX_B(C, T, P, STRIDE) \
+  do {                             \
+    _tile_loadd(T, P, STRIDE);     \
+    _tile_dpbf16ps(C, 4, T);       \
+    g_amx_prefetch.issue(kAmxLines); \
+  } while (0)
+#define MLA_AMX_FOUR(MUL, NB, P, STEP, STRIDE)              \
+  do {                                                      \
+    MUL(0, 5, (P), STRIDE);                                 \
+    if ((NB) > 1) MUL(1, 6, (P) + (STEP), STRIDE);          \
+    if ((NB) > 2) MUL(2, 7, (P) + 2 * (STEP), STRIDE);      \
+    if ((NB) > 3) MUL(3, 5, (P) + 3 * (STEP), STRIDE);      \
+  } while (0)
+// C tiles 0..NB-1 loaded from or stored to (OP: _tile_loadd / _tile_stored) 16 x 16 f32 blocks at
+// P, P + STEP, ... (rows of STRIDE bytes).
+#define MLA_AMX_C_TILES(OP, NB, P, STEP, STRIDE)       \
+  do {                                                 \
+    OP(0, (P), STRIDE);                                \
+    if ((NB) > 1) OP(1, (P) + (STEP), STRIDE);         \
+    if ((NB) > 2) OP(2, (P) + 2 * (STEP), STRIDE);     \
+    if ((NB) > 3) OP(3, (P) + 3 * (STEP), STRIDE);     \
+  } while (0)
 
 // S = K Q^T for the page on tiles: row block rb's C tiles 0-3 hold tokens [16 tb, 16 tb + 16) x
 // 16 rows; tile 4 the B slice of qp, tiles 5-7 the A slices.
@@ -526,32 +557,9 @@ void amx_qk(const MlaRows& k, int nt, int rb_count, int D, int64_t sstride, MlaS
       _tile_zero(3);
       for (int kk = 0; kk < n_k; ++kk) {
         _tile_loadd(4, qb + kk * 256, 64);
-        const uint8_t* a = k.ptr + tb0 * 16 * ks + kk * 64;
-        _tile_loadd(5, a, ks);
-        _tile_dpbf16ps(0, 5, 4);
-        g_amx_prefetch.issue(kQkLines);
-        if (nb > 1) {
-          _tile_loadd(6, a + 16 * ks, ks);
-          _tile_dpbf16ps(1, 6, 4);
-          g_amx_prefetch.issue(kQkLines);
-        }
-        if (nb > 2) {
-          _tile_loadd(7, a + 32 * ks, ks);
-          _tile_dpbf16ps(2, 7, 4);
-          g_amx_prefetch.issue(kQkLines);
-        }
-        if (nb > 3) {
-          _tile_loadd(5, a + 48 * ks, ks);
-          _tile_dpbf16ps(3, 5, 4);
-          g_amx_prefetch.issue(kQkLines);
-        }
+        MLA_AMX_FOUR(MLA_AMX_A, nb, k.ptr + tb0 * 16 * ks + kk * 64, 16 * ks, ks);
       }
-      float* out = s.s + tb0 * 16 * sstride + rb * 16;
-      const int64_t os = sstride * 4;
-      _tile_stored(0, out, os);
-      if (nb > 1) _tile_stored(1, out + 16 * sstride, os);
-      if (nb > 2) _tile_stored(2, out + 32 * sstride, os);
-      if (nb > 3) _tile_stored(3, out + 48 * sstride, os);
+      MLA_AMX_C_TILES(_tile_stored, nb, s.s + tb0 * 16 * sstride + rb * 16, 16 * sstride, sstride * 4);
     }
   }
 }
@@ -589,36 +597,12 @@ void amx_pv(const MlaRows& k, int nt, int R, int dl, int64_t sstride, MlaScratch
     for (int rb = 0; rb < rb_count; ++rb) {
       const uint16_t* a = pt + int64_t{rb} * 16 * tpad;
       float* o = s.o + int64_t{rb} * 16 * dl + cb0 * 16;
-      _tile_loadd(0, o, os);
-      if (nb > 1) _tile_loadd(1, o + 16, os);
-      if (nb > 2) _tile_loadd(2, o + 32, os);
-      if (nb > 3) _tile_loadd(3, o + 48, os);
+      MLA_AMX_C_TILES(_tile_loadd, nb, o, 16, os);
       for (int kk = 0; kk < n_k; ++kk) {
         _tile_loadd(4, a + kk * 32, tpad * 2);
-        const uint16_t* b = vp + kk * 512;  // 16 token pairs x 32 values
-        _tile_loadd(5, b, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        g_amx_prefetch.issue(kPvLines);
-        if (nb > 1) {
-          _tile_loadd(6, b + v_cb, 64);
-          _tile_dpbf16ps(1, 4, 6);
-          g_amx_prefetch.issue(kPvLines);
-        }
-        if (nb > 2) {
-          _tile_loadd(7, b + 2 * v_cb, 64);
-          _tile_dpbf16ps(2, 4, 7);
-          g_amx_prefetch.issue(kPvLines);
-        }
-        if (nb > 3) {
-          _tile_loadd(5, b + 3 * v_cb, 64);
-          _tile_dpbf16ps(3, 4, 5);
-          g_amx_prefetch.issue(kPvLines);
-        }
+        MLA_AMX_FOUR(MLA_AMX_B, nb, vp + kk * 512, v_cb, 64);  // 16 token pairs x 32 values per block
       }
-      _tile_stored(0, o, os);
-      if (nb > 1) _tile_stored(1, o + 16, os);
-      if (nb > 2) _tile_stored(2, o + 32, os);
-      if (nb > 3) _tile_stored(3, o + 48, os);
+      MLA_AMX_C_TILES(_tile_stored, nb, o, 16, os);
     }
   }
   g_amx_prefetch.finish();
@@ -655,5 +639,10 @@ void mla_segment_amx_avx512bf16(const MlaSegmentArgs& args, MlaScratch& scratch)
   mla_segment_simd<AmxIsa>(args, scratch);
   _tile_release();
 }
+
+#undef MLA_AMX_C_TILES
+#undef MLA_AMX_FOUR
+#undef MLA_AMX_B
+#undef MLA_AMX_A
 
 }  // namespace fathom::internal

@@ -408,7 +408,7 @@ TEST(MlaDecode, SingleTokenOutputIsTheStoredLatentExactly) {
     ASSERT_TRUE(dec.ok());
     const bool pow2 = sc[0] == 1.0f;
     for (const Path& path : available_paths()) {
-    const SimdLevel level = path.level;
+      const SimdLevel level = path.level;
       SimdCap cap(path);
       ASSERT_TRUE((*dec)->decode(p).ok());
       for (int h = 0; h < 2; ++h) {
