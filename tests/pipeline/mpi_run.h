@@ -13,9 +13,12 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "../mpi_tmpdir.h"
 
@@ -27,9 +30,23 @@ struct MpiRun {
   nlohmann::json json;  // the last stdout line, when it parses
 };
 
+// A path under TMPDIR unique to this process; whatever is left at it is removed when the process
+// exits (configs and outputs the tests write there and do not remove themselves).
 inline std::string temp_path(const std::string& name) {
+  static struct Made {
+    std::vector<std::string> paths;
+    ~Made() {
+      for (const auto& p : paths) {
+        std::error_code ec;
+        std::filesystem::remove_all(p, ec);
+      }
+    }
+  } made;
   const char* dir = std::getenv("TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/fathom_pipeline_mpi_" + std::to_string(::getpid()) + "_" + name;
+  std::string path =
+      std::string(dir ? dir : "/tmp") + "/fathom_pipeline_mpi_" + std::to_string(::getpid()) + "_" + name;
+  made.paths.push_back(path);
+  return path;
 }
 
 inline MpiRun mpirun(int ranks, const std::string& args, int timeout_s = 240) {
