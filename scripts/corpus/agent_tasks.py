@@ -6,12 +6,15 @@ them (`openai_tools`; build.sh dumps them from the real plugins), the user's tas
 tool's result as the plugin words it (simulated here on a made-up workspace; tests/data/
 agent_tasks_test.py checks every kind against the real plugins) and a short answer drawn from the
 result. Task kinds keep their last HELDOUT_TEMPLATES phrasings out of training: the held-out agent
-set (heldout_agent.jsonl, scored by scripts/eval_agent.py through `fathom agent`) uses only those.
+set (heldout_agent.jsonl, scored by scripts/eval_agent.py through `fathom agent`) uses only those,
+bare; training requests sometimes carry a greeting or thanks (wrap).
 Standard library only; deterministic for a random.Random.
 """
 import copy
 import json
 import os
+
+from chat_pools import PREFIXES, SUFFIXES
 
 HELDOUT_TEMPLATES = 2
 
@@ -331,41 +334,76 @@ KINDS = [
     dict(key="list_root", tool="files__list_directory", build=_list_root, weight=2,
          templates=["List the files.", "What files are in the workspace?", "Show me the workspace contents.", "ls",
                     "What's in this directory?", "List everything in the workspace.", "Which files are here?",
-                    "Show the files in the current directory.", "Give me a listing of the workspace.",
+                    "Show the files in the current directory.", "Show me what's in the workspace.",
+                    "What files do I have?", "Can you tell me which files exist here?",
+                    "Print the directory listing.", "I'd like to see the list of files.",
+                    "Enumerate the files in the workspace.", "What's at the top level of the workspace?",
+                    "List the top-level directory.", "Please list the current directory.",
+                    "Tell me what this workspace holds.", "Give me a listing of the workspace.",
                     "What do we have in the project folder?"]),
     dict(key="list_sub", tool="files__list_directory", build=_list_sub, weight=2,
          templates=["List the files in {dir}.", "What is in the {dir} directory?", "Show me the contents of {dir}/.",
-                    "ls {dir}", "What files does {dir} have?", "List {dir}.", "Which files are under {dir}?",
+                    "ls {dir}", "What files does {dir} have?", "List {dir}.", "Show what {dir} holds.",
+                    "Tell me the files in {dir}.", "Please list everything in {dir}/.", "List the directory {dir}.",
+                    "Enumerate {dir}.", "I want to see the contents of the {dir} directory.",
+                    "Which entries does {dir} have?", "Give me the file list of {dir}.", "What's under {dir}/?",
+                    "Show the listing of {dir}.", "Which files are under {dir}?",
                     "Can you list the {dir} folder for me?"]),
     dict(key="read", tool="files__read_file", build=_read, weight=3,
          templates=["Read {path}.", "Show me {path}.", "What does {path} say?", "Open {path}.", "cat {path}",
                     "Print the contents of {path}.", "Show the file {path}.", "What is written in {path}?",
-                    "What's inside {path}?", "Display the file {path}."]),
+                    "Let me see {path}.", "Show the contents of {path}.", "Read the file {path} for me.",
+                    "I need to see what {path} says.", "Can you open {path} and show it to me?", "Output {path}.",
+                    "Print {path}.", "Tell me what the file {path} says.", "Fetch the contents of {path}.",
+                    "What text is in {path}?", "What's inside {path}?", "Display the file {path}."]),
     dict(key="read_range", tool="files__read_file", build=_read_range, weight=1,
          templates=["Show lines {a} to {b} of {path}.", "Read lines {a}-{b} of {path}.",
                     "Print {path} from line {a} to line {b}.", "What are lines {a} through {b} in {path}?",
+                    "Lines {a} to {b} of {path}, please.", "Show me {path}, lines {a}-{b}.",
+                    "Only lines {a} through {b} of {path}, please.", "Print lines {a}..{b} from {path}.",
+                    "I need lines {a} to {b} in {path}.", "Can you show {path} between line {a} and line {b}?",
+                    "Extract lines {a} to {b} from {path}.", "Open {path} at lines {a}-{b}.",
                     "Read {path} from line {a} to {b}.", "Give me lines {a}-{b} of the file {path}."]),
     dict(key="read_missing", tool="files__read_file", build=_read_missing, weight=1,
          templates=["Read {path}.", "Show me {path}.", "What does {path} say?", "Open {path}.",
-                    "Print the contents of {path}.", "What's inside {path}?", "Display the file {path}."]),
+                    "Print the contents of {path}.", "Let me see {path}.", "Show the contents of {path}.",
+                    "Read the file {path} for me.", "Can you open {path} and show it to me?", "Print {path}.",
+                    "Tell me what the file {path} says.", "cat {path}", "Fetch the contents of {path}.",
+                    "What's inside {path}?", "Display the file {path}."]),
     dict(key="search", tool="files__search", build=_search, weight=2,
          templates=["Search for {pattern}.", "Find {pattern} in the workspace.", "Where is {pattern} mentioned?",
                     "grep {pattern}", "Search the files for {pattern}.", "Which file mentions {pattern}?",
+                    "Find where {pattern} appears.", "Search the workspace for the word {pattern}.",
+                    "Is {pattern} anywhere in the files?", "Grep the workspace for {pattern}.",
+                    "Where does {pattern} occur?", "Find every occurrence of {pattern}.",
+                    "Do any files mention {pattern}?", "Locate {pattern} in the files.",
+                    "Scan the files for {pattern}.", "In which file does {pattern} appear?",
                     "Which files contain {pattern}?", "Look for the text {pattern}."]),
     dict(key="write", tool="files__write_file", build=_write, weight=2,
-         templates=["Create {path} with the text {text}.", "Write \"{text}\" to {path}.",
+         templates=["Create {path} with the text {text}.", 'Write "{text}" to {path}.',
                     "Save '{text}' in a file called {path}.", "Create a file {path} containing: {text}",
-                    "Write {text} into {path}.", "Make a new file {path} containing {text}.",
-                    "Put the text \"{text}\" into {path}."]),
+                    "Write {text} into {path}.", "Write a file {path} that says {text}.",
+                    "Create {path} and write {text} in it.", "New file {path}: {text}",
+                    "Please create a file named {path} with the content {text}.", 'Store "{text}" in {path}.',
+                    "Write the line {text} to a new file {path}.", "Can you create {path}? It should say {text}.",
+                    "Add a file {path} with {text} in it.", "Save {text} as {path}.",
+                    "Make a new file {path} containing {text}.", 'Put the text "{text}" into {path}.']),
     dict(key="edit", tool="files__edit_file", build=_edit, weight=2,
          templates=["In {path}, replace {old} with {new}.", "Change {old} to {new} in {path}.",
                     "Replace the word {old} with {new} in {path}.", "Edit {path}: {old} -> {new}.",
-                    "In the file {path}, change {old} into {new}.", "Edit {path} so that {old} becomes {new}.",
+                    "In the file {path}, change {old} into {new}.", "Replace {old} by {new} in {path}.",
+                    "In {path}, change the word {old} to {new}.", "Update {path}: use {new} instead of {old}.",
+                    "Rename {old} to {new} inside {path}.", "Fix {path} by replacing {old} with {new}.",
+                    "{path}: replace {old} with {new}.", "Modify {path} to say {new} where it says {old}.",
+                    "Please turn {old} into {new} in {path}.", "Edit {path} so that {old} becomes {new}.",
                     "Swap {old} for {new} in {path}."]),
     dict(key="shell", tool="shell__run", build=_shell, weight=2, shell=True,
-         templates=["Run {cmd}.", "Execute `{cmd}` in the shell.", "Please run: {cmd}", "Use the shell to run {cmd}.",
-                    "Run the command {cmd} and tell me the output.", "Can you run {cmd} for me?",
-                    "Start the command {cmd}."]),
+         templates=["Run {cmd}.", "Execute `{cmd}` in the shell.", "Please run: {cmd}",
+                    "Use the shell to run {cmd}.", "Run the command {cmd} and tell me the output.", "Run `{cmd}`.",
+                    "Execute {cmd}.", "In the shell, run {cmd}.", "What does {cmd} print?",
+                    "Run this command: {cmd}", "Please execute {cmd} and show me the result.", "$ {cmd}",
+                    "Could you execute the shell command {cmd}?", "Try running {cmd}.",
+                    "What is the output of {cmd}?", "Can you run {cmd} for me?", "Start the command {cmd}."]),
 ]
 
 
@@ -409,10 +447,22 @@ def draw_task(r, heldout):
         return kind, ws, text, args, result, answer, check
 
 
+def wrap(text, r):
+    """A training request with the greeting or thanks people add around it (as gen_chat.user_text),
+    so that such words do not come to mark one kind of task."""
+    if r.random() < 0.3:
+        keep = text.startswith(("I ", "I'")) or text[1:2].isupper()
+        text = r.choice(PREFIXES) + (text if keep else text[0].lower() + text[1:])
+    if r.random() < 0.2:
+        text += r.choice(SUFFIXES)
+    return text
+
+
 def conversation(agent_tools, r, n):
     """One or two corpus documents for one agent task (as gen_chat.tool_conversation: the call alone
     for half of them, so a model at temperature 0 ends its turn after the call)."""
     kind, ws, text, args, result, answer, _ = draw_task(r, heldout=False)
+    text = wrap(text, r)
     shell = kind.get("shell", False) or r.random() < 0.5
     workspace = r.choice(WORKSPACES)
     tools = offered(agent_tools, shell, workspace)
