@@ -44,22 +44,10 @@ PROSE = ["buy milk and eggs", "call the plumber on Monday", "the release is plan
          "check the test coverage", "rename the config file", "water the plants", "draft the blog post",
          "deploy to staging first", "the API returns JSON", "clean up the tmp folder", "review the pull request"]
 # The recipe's knobs (gen_chat.py --agent-fresh X sets both to X): the share of workspace file names
-# that are made up (pseudo-words) and of write tasks whose path and text are (random word strings
-# or made-up notes, below) rather than drawn from the pools above. A pooled name can be recalled; a
-# made-up one can only be copied from the request. At the defaults (0.3, 0) the draws are those of
-# the committed stage 3.
+# that are made up (pseudo-words) and of write tasks whose path and text are (random word strings)
+# rather than drawn from the pools above. A pooled name can be recalled; a made-up one can only be
+# copied from the request. At the defaults (0.3, 0) the draws are those of the committed stage 3.
 RECIPE = {"fresh": 0.3, "fresh_writes": 0.0}
-# Made-up notes for fresh writes: what people write into a file reads like a to-do line, and its
-# verbs are often the other tasks' (update, find, rename, run), which must not decide the tool.
-NOTE_VERBS = ["update", "fix", "rename", "check", "find", "search", "list", "read", "replace", "change", "move",
-              "run", "call", "edit", "delete", "open", "test", "email", "print", "copy", "sort", "merge", "plan",
-              "book", "order", "clean", "send", "write", "review", "finish"]
-NOTE_OBJECTS = ["the notes", "the invoices", "the backup script", "the old files", "the logs", "the readme",
-                "the landing page", "the sales figures", "the team", "the printer", "the tests", "the schedule",
-                "the contract", "the garden", "the slides", "the servers", "the config", "the budget sheet",
-                "the photos", "the receipts", "the release notes", "the build", "the dentist", "the tickets"]
-NOTE_TAILS = ["", "", " today", " on Friday", " before noon", " next week", " again", " tonight", " by Monday",
-              " after lunch", " first", " with Sam"]
 CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 
@@ -287,10 +275,7 @@ def _write(ws, r):
     kind = r.choice(["txt", "md", "txt"])
     if RECIPE["fresh_writes"] and r.random() < RECIPE["fresh_writes"]:
         p = r.choice(["", r.choice(DIRS) + "/"]) + pseudo_word(r) + EXTS[kind]
-        if r.random() < 0.5:
-            text = " ".join(r.choice([pseudo_word(r), r.choice(WORDS)]) for _ in range(r.randint(1, 4)))
-        else:
-            text = f"{r.choice(NOTE_VERBS)} {r.choice(NOTE_OBJECTS)}{r.choice(NOTE_TAILS)}"
+        text = " ".join(r.choice([pseudo_word(r), r.choice(WORDS)]) for _ in range(r.randint(1, 4)))
     else:
         p = (r.choice(["", r.choice(DIRS) + "/"]) +
              r.choice([pseudo_word(r), r.choice(WORDS), "hello", "todo", "notes", "draft"]) + EXTS[kind])
