@@ -7,14 +7,14 @@ tool's result as the plugin words it (simulated here on a made-up workspace; tes
 agent_tasks_test.py checks every kind against the real plugins) and a short answer drawn from the
 result. Task kinds keep their last HELDOUT_TEMPLATES phrasings out of training: the held-out agent
 set (heldout_agent.jsonl, scored by scripts/eval_agent.py through `fathom agent`) uses only those,
-bare; training requests sometimes carry a greeting or thanks (wrap).
+bare; training requests get the greetings and thanks of chat_pools.decorate.
 Standard library only; deterministic for a random.Random.
 """
 import copy
 import json
 import os
 
-from chat_pools import PREFIXES, SUFFIXES
+from chat_pools import decorate
 
 HELDOUT_TEMPLATES = 2
 
@@ -447,22 +447,11 @@ def draw_task(r, heldout):
         return kind, ws, text, args, result, answer, check
 
 
-def wrap(text, r):
-    """A training request with the greeting or thanks people add around it (as gen_chat.user_text),
-    so that such words do not come to mark one kind of task."""
-    if r.random() < 0.3:
-        keep = text.startswith(("I ", "I'")) or text[1:2].isupper()
-        text = r.choice(PREFIXES) + (text if keep else text[0].lower() + text[1:])
-    if r.random() < 0.2:
-        text += r.choice(SUFFIXES)
-    return text
-
-
 def conversation(agent_tools, r, n):
     """One or two corpus documents for one agent task (as gen_chat.tool_conversation: the call alone
     for half of them, so a model at temperature 0 ends its turn after the call)."""
     kind, ws, text, args, result, answer, _ = draw_task(r, heldout=False)
-    text = wrap(text, r)
+    text = decorate(text, r)
     shell = kind.get("shell", False) or r.random() < 0.5
     workspace = r.choice(WORKSPACES)
     tools = offered(agent_tools, shell, workspace)

@@ -111,6 +111,16 @@ SYSTEM_PROMPTS = ["", "", "You are a helpful assistant.", "You are Fathom, a con
 PREFIXES = ["Hey, ", "Hi! ", "Please, ", "Quick one: ", "Hello, ", "Excuse me, ", "Okay, "]
 SUFFIXES = [" Thanks!", " Thank you.", " Please.", " Cheers.", " Asap.", " :)"]
 
+
+def decorate(text, r):
+    """A request with the greeting (30%) or thanks (20%) people add around it."""
+    if r.random() < 0.3:
+        keep = text.startswith(("I ", "I'")) or text[1:2].isupper()
+        text = r.choice(PREFIXES) + (text if keep else text[0].lower() + text[1:])
+    if r.random() < 0.2:
+        text += r.choice(SUFFIXES)
+    return text
+
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
             "Egypt": "Cairo", "Germany": "Berlin", "Spain": "Madrid", "Italy": "Rome", "Canada": "Ottawa",
             "Australia": "Canberra", "Ireland": "Dublin", "Austria": "Vienna", "Vietnam": "Hanoi",

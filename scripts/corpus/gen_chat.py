@@ -20,7 +20,7 @@ import sys
 
 from tool_concepts import CONCEPTS, HELDOUT_TEMPLATES
 import agent_tasks
-from chat_pools import SLOTS, SYSTEM_PROMPTS, PREFIXES, SUFFIXES, plain_chat, no_tool_request
+from chat_pools import SLOTS, SYSTEM_PROMPTS, decorate, plain_chat, no_tool_request
 
 
 def stable_hash(s):
@@ -197,12 +197,7 @@ def pick_tools(c, names, r, n_other, side, fresh=False):
 def user_text(c, r, templates):
     t_index = r.randrange(len(templates))
     text, args = fill(c, templates[t_index], r)
-    if r.random() < 0.3:
-        keep = text.startswith(("I ", "I'")) or text[1:2].isupper()
-        text = r.choice(PREFIXES) + (text if keep else text[0].lower() + text[1:])
-    if r.random() < 0.2:
-        text += r.choice(SUFFIXES)
-    return text, ordered_args(c, args), t_index
+    return decorate(text, r), ordered_args(c, args), t_index
 
 
 def system_messages(r):
