@@ -69,9 +69,6 @@ stage 4 0.25 10 "$steps4" "$minutes4" 4e-4 50 10
 rm -rf "$out"
 cp -r "$work/stage4" "$out"
 "$fathom" eval unigram --data "$work/data"
-"$fathom" export --run "$work/run2" --out "$out" --format hf --dtype bf16
-cp "$work/run2/loss.svg" docs/model-loss-stage2.svg
-"$fathom" eval unigram --data "$work/data"
 
 # The held-out sets every default model is scored on: tool requests of seed 1, agent tasks of seed 3.
 # (as scripts/corpus/build.sh generates them for those seeds: seed 1 without agent tasks, seed 3 with)
