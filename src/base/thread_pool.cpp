@@ -21,6 +21,10 @@ constexpr int kSpinIterations = 1 << 14;  // ~50-100 µs of pause before sleepin
 
 }  // namespace
 
+namespace pool_testing {
+std::atomic<void (*)(int thread)> g_race_window{nullptr};
+}
+
 std::unique_ptr<ThreadPool> ThreadPool::create(int n_threads) {
   CHECK_MSG(n_threads >= 1 && n_threads <= 1024, "thread count {} out of range", n_threads);
   return std::unique_ptr<ThreadPool>(new ThreadPool(n_threads));
@@ -39,6 +43,9 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::execute(uint32_t generation, int thread) {
+  if (thread != 0) {
+    if (auto* hook = pool_testing::g_race_window.load(std::memory_order_relaxed)) hook(thread);
+  }
   const auto* fn = fn_.load(std::memory_order_acquire);
   const int64_t n = n_tasks_.load(std::memory_order_acquire);
   uint64_t cur = next_.load(std::memory_order_acquire);
@@ -85,9 +92,16 @@ void ThreadPool::run(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)
   }
   std::lock_guard lock(run_mutex_);
   const uint32_t gen = generation_.load() + 1;
+  // Close the previous job before its function and size are replaced: a worker that saw it but
+  // reads fn_ or n_tasks_ only now, getting this job's, then reads a next_ of this generation
+  // with no task left (execute()'s loads are ordered after these), so it cannot claim a task of
+  // the old generation with the new size — a task run twice and counted twice, and run() returning
+  // while its last task still runs (the caller's function gone: a crash at a garbage address).
+  next_.store((static_cast<uint64_t>(gen) << 32) | 0xffffffffu, std::memory_order_release);
   fn_.store(&fn, std::memory_order_release);
   n_tasks_.store(n_tasks, std::memory_order_release);
   done_.store(0, std::memory_order_release);
+  if (auto* hook = pool_testing::g_race_window.load(std::memory_order_relaxed)) hook(0);
   next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   generation_.store(gen);
   if (sleepers_.load() > 0) generation_.notify_all();

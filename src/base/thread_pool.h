@@ -56,6 +56,13 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
+namespace pool_testing {
+// Called, when set, by run() (thread 0) just before it opens a job's tasks to the workers, and by a
+// worker (thread > 0) that has seen a new job before it reads the job's function and size: a test
+// widens both windows to check a lagging worker against the next job.
+extern std::atomic<void (*)(int thread)> g_race_window;
+}  // namespace pool_testing
+
 // The process-wide pool used by kernels and the model. Sized on first use from
 // set_default_pool_threads(), else FATHOM_THREADS, else the number of online CPUs.
 ThreadPool& default_pool();
