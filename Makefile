@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 10
 # Test labels `make test` leaves out: long suites have their own targets below.
 SLOW_LABELS := large|slow|fuzz
 
-.PHONY: all deps build run test test-unit test-fuzz test-asan test-large test-slow fuzz bench format clean
+.PHONY: all deps build run test test-unit test-fuzz test-asan test-tsan test-large test-slow fuzz bench format clean
 
 all: build
 
@@ -51,6 +51,16 @@ test-asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest -j $(CTEST_J) -LE '$(SLOW_LABELS)|noasan' --output-on-failure --timeout 1800
+
+# ThreadSanitizer over the unit tests of the components that run threads (the thread pool and
+# kernels, model, KV cache, engine, server, storage, EP, pipeline, trainer, agent).
+TSAN_TESTS := base kernels model kvcache engine server storage ep pipeline train agent
+test-tsan: deps
+	@cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFATHOM_TSAN=ON $(LAUNCHER) >/dev/null
+	@cmake --build build-tsan -j $(JOBS) --target $(addsuffix _test,$(TSAN_TESTS))
+	@set -e; for t in $(TSAN_TESTS); do echo "== tsan: $${t}_test"; \
+	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
+	  build-tsan/bin/$${t}_test --gtest_brief=1; done
 
 # Full-size checkpoints and long soaks; they check free disk and memory first.
 test-large: build
