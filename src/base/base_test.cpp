@@ -88,33 +88,31 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   }
 }
 
-// A worker that saw job g but was preempted before reading the job's function and size must not
-// claim a task of job g+1 with them (or count one): run() would return while a task of its job is
-// still running and the caller's function is gone. More threads than cores, so workers lag, and
-// jobs that alternate between few and many tasks, so a stale size leaves tasks to claim.
+// A worker that saw job g but reads its function and size only once run() has published job
+// g+1's must not claim a task of g+1 under g's tag: the task would run twice and count twice, and
+// run() could return while a task of its job still runs. The test hook widens both sides of that
+// window: a worker pauses after seeing a job, so the caller runs a 2-task job alone and is setting
+// up the next, 64-task job when the worker reads; the caller pauses before opening that job.
 TEST(ThreadPool, ALaggingWorkerNeverClaimsATaskOfTheNextJob) {
+  struct Hook {
+    Hook() {
+      pool_testing::g_race_window.store(+[](int thread) {
+        std::this_thread::sleep_for(std::chrono::microseconds(thread == 0 ? 40 : 10 + thread * 3));
+      });
+    }
+    ~Hook() { pool_testing::g_race_window.store(nullptr); }
+  } hook;
   auto pool = ThreadPool::create(8);
-  // A worker pauses after seeing a job, so the caller runs a 2-task job alone and is setting up the
-  // next one when the worker reads; the caller pauses before opening the next job's tasks.
-  pool_testing::g_race_window.store(+[](int thread) {
-    std::this_thread::sleep_for(std::chrono::microseconds(thread == 0 ? 40 : 10 + thread * 3));
-  });
   std::vector<std::atomic<int>> hits(64);
   for (int job = 0; job < 4000; ++job) {
     const int n = job % 2 == 0 ? 2 : 64;
     for (int t = 0; t < n; ++t) hits[static_cast<size_t>(t)].store(0);
-    const int id = job;
-    pool->run(n, [&hits, n, id](int64_t t, int) {
-      ASSERT_LT(t, n) << "job " << id;
+    pool->run(n, [&hits, n, job](int64_t t, int) {
+      ASSERT_LT(t, n) << "job " << job;
       hits[static_cast<size_t>(t)].fetch_add(1);
     });
-    for (int t = 0; t < n; ++t) {
-      const int h = hits[static_cast<size_t>(t)].load();
-      if (h != 1) pool_testing::g_race_window.store(nullptr);
-      ASSERT_EQ(h, 1) << "job " << job << " task " << t;
-    }
+    for (int t = 0; t < n; ++t) ASSERT_EQ(hits[static_cast<size_t>(t)].load(), 1) << "job " << job << " task " << t;
   }
-  pool_testing::g_race_window.store(nullptr);
 }
 
 TEST(ThreadPool, ParallelForCoversTheRangeInChunks) {

@@ -92,11 +92,11 @@ void ThreadPool::run(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)
   }
   std::lock_guard lock(run_mutex_);
   const uint32_t gen = generation_.load() + 1;
-  // Close the previous job before its function and size are replaced: a worker that saw it but
-  // reads fn_ or n_tasks_ only now, getting this job's, then reads a next_ of this generation
-  // with no task left (execute()'s loads are ordered after these), so it cannot claim a task of
-  // the old generation with the new size — a task run twice and counted twice, and run() returning
-  // while its last task still runs (the caller's function gone: a crash at a garbage address).
+  // Close the previous job before replacing its function and size: a worker that saw it but reads
+  // fn_ or n_tasks_ only now then reads (its loads are ordered after them) a next_ of this
+  // generation with no task left, and returns. Without this it could claim a task of the new job
+  // under the old tag: run twice, counted twice, and run() returning while a task of its job still
+  // ran with the caller's function gone (a crash at a garbage address).
   next_.store((static_cast<uint64_t>(gen) << 32) | 0xffffffffu, std::memory_order_release);
   fn_.store(&fn, std::memory_order_release);
   n_tasks_.store(n_tasks, std::memory_order_release);
