@@ -76,6 +76,8 @@ struct McpClient::Impl {
   bool dead = false;
   std::string dead_reason;
   std::string stderr_tail;
+  bool stderr_eof = false;             // stderr_loop has read to the end (under mu)
+  std::condition_variable stderr_cv;   // signals stderr_eof
   std::thread reader, err_reader;
   std::string version;
   json server_info = json::object();
@@ -230,7 +232,11 @@ struct McpClient::Impl {
     proc->wait(2000);
     std::string tail;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      // A plugin that exited has closed its stderr too, but the stderr thread may not have read
+      // its last lines yet (a crash message written just before exit): wait for it, briefly, since
+      // a process it started could still hold the pipe open.
+      std::unique_lock<std::mutex> lock(mu);
+      if (proc->exited()) stderr_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stderr_eof; });
       tail = stderr_tail;
     }
     while (!tail.empty() && tail.back() == '\n') tail.pop_back();
@@ -238,6 +244,18 @@ struct McpClient::Impl {
     fail_all(fmt::format("plugin '{}' {}{}", options.name,
                          proc->exited() ? proc->describe_exit() : "closed its output",
                          tail.empty() ? "" : "; its last stderr: " + tail));
+  }
+
+  void stderr_line(const std::string& line) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stderr_tail += line + "\n";
+      if (stderr_tail.size() > 4096) stderr_tail.erase(0, stderr_tail.size() - 4096);
+    }
+    if (options.on_stderr)
+      options.on_stderr(line);
+    else
+      log_debug("plugin '{}' stderr: {}", options.name, line);
   }
 
   void stderr_loop() {
@@ -249,21 +267,17 @@ struct McpClient::Impl {
       if (n <= 0) break;
       buf.append(chunk, static_cast<size_t>(n));
       size_t start = 0;
-      for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1) {
-        std::string line = buf.substr(start, nl - start);
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          stderr_tail += line + "\n";
-          if (stderr_tail.size() > 4096) stderr_tail.erase(0, stderr_tail.size() - 4096);
-        }
-        if (options.on_stderr)
-          options.on_stderr(line);
-        else
-          log_debug("plugin '{}' stderr: {}", options.name, line);
-      }
+      for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+        stderr_line(buf.substr(start, nl - start));
       buf.erase(0, start);
       if (buf.size() > 65536) buf.erase(0, buf.size() - 4096);  // a log line without end: keep the tail
     }
+    if (!buf.empty()) stderr_line(buf);  // the last line, without its newline
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stderr_eof = true;
+    }
+    stderr_cv.notify_all();
   }
 };
 

@@ -173,6 +173,25 @@ TEST_F(Plugins, BrokenServersFailTheirCallsAndAreRestarted) {
   EXPECT_GE(restarts, 3);
 }
 
+// A plugin that exits right after writing to stderr: its last lines reach the call's error even
+// when the stderr thread reads them after the process is gone (here it is held up on the first
+// line; the client used to compose the error without waiting for the rest).
+TEST_F(Plugins, ACrashedPluginsLastStderrLinesReachTheError) {
+  const std::string ws = make_temp_dir("lastwords");
+  McpClientOptions o;
+  o.name = "bad";
+  o.on_stderr = [](const std::string& line) {
+    if (line.find("about to crash") != std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  auto c = McpClient::start({"node", source_dir() + "/tests/agent/fixtures/bad_server.mjs"},
+                            environment_subset({"PATH"}), ws, o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto r = (*c)->call_tool("crash", json::object(), 20000);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("exited with status 3"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("crashing now"), std::string::npos) << r.status().message();
+}
+
 TEST_F(Plugins, HotSwapsManifestsWithoutDisturbingOtherCalls) {
   const std::string ws = make_temp_dir("hotswap");
   const std::string dir = make_temp_dir("plugins");
