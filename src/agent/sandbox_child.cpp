@@ -28,6 +28,17 @@
 #include "base/fs.h"
 #include "base/strings.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define FATHOM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FATHOM_ASAN 1
+#endif
+#endif
+#if defined(FATHOM_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace fathom::agent {
 namespace {
 
@@ -35,6 +46,12 @@ using json = nlohmann::json;
 
 constexpr const char* kRoot = "/tmp";  // the new root's tmpfs is mounted here before pivot_root
 volatile sig_atomic_t g_cmd_pid = 0;
+// The cloned child's stack (clone_child). The helper clones from one thread, one child at a time.
+constexpr size_t kStack = 1 << 20;
+std::vector<char>& child_stack() {
+  static std::vector<char> stack(kStack);
+  return stack;
+}
 
 void forward_signal(int sig) {
   if (g_cmd_pid > 0) ::kill(g_cmd_pid, sig);
@@ -344,6 +361,13 @@ void probe_inside(const ChildSetup& s) {
 }
 
 int child_main(void* arg) {
+#if defined(FATHOM_ASAN)
+  // This process runs on child_stack(), not on the thread stack AddressSanitizer recorded, so each
+  // call of a noreturn function (_exit) would print "ASan is ignoring requested
+  // __asan_handle_no_return" into the command's stderr. Declare the switch as a fiber switch.
+  __sanitizer_start_switch_fiber(nullptr, child_stack().data(), child_stack().size());
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
   ChildSetup& s = *static_cast<ChildSetup*>(arg);
   char go;
   if (::read(s.go_fd, &go, 1) != 1) _exit(126);  // the helper died before the maps were written
@@ -414,9 +438,8 @@ std::vector<char*> to_argv(const std::vector<std::string>& args) {
 }
 
 pid_t clone_child(ChildSetup* setup) {
-  constexpr size_t kStack = 1 << 20;
-  static std::vector<char> stack(kStack);  // the helper clones from one thread, one child at a time
-  return ::clone(child_main, stack.data() + kStack, setup->clone_flags | SIGCHLD, setup);
+  std::vector<char>& stack = child_stack();
+  return ::clone(child_main, stack.data() + stack.size(), setup->clone_flags | SIGCHLD, setup);
 }
 
 }  // namespace fathom::agent
