@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "../mpi_tmpdir.h"
+#include "../mpi_env.h"
 
 namespace {
 
@@ -64,9 +64,8 @@ Proc sh(const std::string& cmd) {
   return r;
 }
 
-// Two oversubscribed ranks on a small machine: one thread each, yield when idle.
+// Two oversubscribed ranks on a small machine, in the environment ModelEp::SetUpTestSuite sets.
 std::string mpirun(int np) {
-  fathom::testing::use_private_ompi_tmpdir();
   return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " " + bin();
 }
 
@@ -104,12 +103,9 @@ size_t count(const std::string& s, const std::string& what) {
 class ModelEp : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
-    ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
+    // Also for the runs without mpirun: an --ep run alone still initialises Open MPI.
+    fathom::testing::use_mpi_test_env(FATHOM_LSAN_OPENMPI_SUPP);
     ::setenv("FATHOM_NO_PROGRESS", "1", 1);
-#ifdef FATHOM_LSAN_OPENMPI_SUPP
-    ::setenv("LSAN_OPTIONS", "suppressions=" FATHOM_LSAN_OPENMPI_SUPP ":fast_unwind_on_malloc=0", 1);
-#endif
     std::filesystem::create_directories(dir());
     // ctest runs every TEST in its own process, two at a time: one writes, the others wait.
     const int lock = ::open((dir() + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);

@@ -1,7 +1,6 @@
 // The test harness for `mpirun -np N fathom pipeline train ...`: runs it, captures stdout, stderr
-// and the exit code, parses the last stdout line as JSON. Sets the Open MPI and sanitizer
-// environment the children need (yield when idle on an oversubscribed machine; Open MPI's own
-// allocations suppressed in leak reports, with full unwinding so the suppressions see its frames).
+// and the exit code, parses the last stdout line as JSON, with the Open MPI and sanitizer
+// environment of tests/mpi_env.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,7 +19,7 @@
 #include <system_error>
 #include <vector>
 
-#include "../mpi_tmpdir.h"
+#include "../mpi_env.h"
 
 namespace fathom::pipeline::testing {
 
@@ -52,16 +51,7 @@ inline std::string temp_path(const std::string& name) {
 inline MpiRun mpirun(int ranks, const std::string& args, int timeout_s = 240) {
   const char* bin = std::getenv("FATHOM_BIN");
   EXPECT_NE(bin, nullptr) << "FATHOM_BIN is not set (run through ctest)";
-  fathom::testing::use_private_ompi_tmpdir();
-  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
-  ::setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
-  ::setenv("LSAN_OPTIONS", "suppressions=" FATHOM_LSAN_OPENMPI_SUPP, 1);
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  if (asan == nullptr || std::string(asan).find("fast_unwind_on_malloc") == std::string::npos) {
-    ::setenv("ASAN_OPTIONS",
-             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(),
-             1);
-  }
+  fathom::testing::use_mpi_test_env(FATHOM_LSAN_OPENMPI_SUPP);
   const std::string err_path = temp_path("stderr");
   const std::string cmd = "timeout " + std::to_string(timeout_s) +
                           " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +

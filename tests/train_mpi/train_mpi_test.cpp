@@ -229,11 +229,11 @@ class TrainMpiTrainer : public ::testing::Test {
   // Runs `[mpirun -np N] fathom train ...`; returns the exit code, stderr in *err.
   int train(int ranks, const std::string& args, std::string* err, const std::string& config = "") const {
     const std::string bin = std::getenv("FATHOM_BIN") ? std::getenv("FATHOM_BIN") : "fathom";
-    if (ranks > 0) fathom::testing::use_private_ompi_tmpdir();
+    if (ranks > 0) fathom::testing::use_mpi_test_env(FATHOM_LSAN_OPENMPI_SUPP);
     const std::string err_path = dir_ + "/stderr";
     const std::string launcher =
         ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
-    const std::string cmd = "OMPI_MCA_mpi_yield_when_idle=1 timeout 240 " + launcher + bin +
+    const std::string cmd = "timeout 240 " + launcher + bin +
                             " train --threads 1 --no-peak --data " + dir_ + "/data --config " +
                             (config.empty() ? write_config(2) : config) +
                             " --mtp --seq-len 16 --batch 2 --micro-batches 4 --warmup 2 --eval-every 3 " +
@@ -297,15 +297,15 @@ TEST_F(TrainMpiTrainer, Bf16GemmsKeepPipelinedAndSingleProcessLossesIdentical) {
     EXPECT_EQ(want[0].at("loss").get<double>(), f32[0].at("loss").get<double>()) << "no AMX: fp32 throughout";
   }
   // A resume must keep the precision the run started with.
-  EXPECT_EQ(train(0, "--steps 3 --batch 4 --resume --out " + dir_ + "/one", &err, config), 1);
+  EXPECT_EQ(train(0, "--steps 3 --batch 4 --resume --out " + dir_ + "/one", &err, config), 1) << err;
   EXPECT_NE(err.find("gemm_precision"), std::string::npos) << err;
 }
 
 TEST_F(TrainMpiTrainer, ShapesThatDoNotSplitFailOnEveryRank) {
   std::string err;
-  EXPECT_EQ(train(2, "--steps 2 --schedule dualpipev --out " + dir_ + "/v", &err), 1);
+  EXPECT_EQ(train(2, "--steps 2 --schedule dualpipev --out " + dir_ + "/v", &err), 1) << err;
   EXPECT_NE(err.find("does not split into 4 pipeline stages"), std::string::npos) << err;
-  EXPECT_EQ(train(2, "--steps 2 --schedule 1f1b --stage-layers 1,2 --out " + dir_ + "/s", &err), 1);
+  EXPECT_EQ(train(2, "--steps 2 --schedule 1f1b --stage-layers 1,2 --out " + dir_ + "/s", &err), 1) << err;
   EXPECT_NE(err.find("summing to 3 layers"), std::string::npos) << err;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/v/checkpoint.bin"));
 }
