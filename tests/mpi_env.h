@@ -44,7 +44,8 @@ inline void use_mpi_test_env(const char* lsan_suppressions) {
   const char* asan = std::getenv("ASAN_OPTIONS");
   if (asan == nullptr || std::string(asan).find("fast_unwind_on_malloc") == std::string::npos) {
     ::setenv("ASAN_OPTIONS",
-             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(), 1);
+             (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "fast_unwind_on_malloc=0").c_str(),
+             1);
   }
 }
 

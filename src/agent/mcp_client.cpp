@@ -76,8 +76,8 @@ struct McpClient::Impl {
   bool dead = false;
   std::string dead_reason;
   std::string stderr_tail;
-  bool stderr_eof = false;             // stderr_loop has read to the end (under mu)
-  std::condition_variable stderr_cv;   // signals stderr_eof
+  bool stderr_eof = false;            // stderr_loop has read to the end (under mu)
+  std::condition_variable stderr_cv;  // signals stderr_eof
   std::thread reader, err_reader;
   std::string version;
   json server_info = json::object();

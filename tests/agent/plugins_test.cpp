@@ -181,7 +181,8 @@ TEST_F(Plugins, ACrashedPluginsLastStderrLinesReachTheError) {
   McpClientOptions o;
   o.name = "bad";
   o.on_stderr = [](const std::string& line) {
-    if (line.find("about to crash") != std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (line.find("about to crash") != std::string::npos)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
   };
   auto c = McpClient::start({"node", source_dir() + "/tests/agent/fixtures/bad_server.mjs"},
                             environment_subset({"PATH"}), ws, o);
