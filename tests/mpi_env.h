@@ -10,7 +10,7 @@
 // MPI's own allocations suppressed in the ranks' leak reports: its MCA components stay loaded
 // (dlclose'd ones leave frames LeakSanitizer cannot name) and malloc stacks are unwound in full
 // (Debian's Open MPI has no frame pointers), so the suppressions file sees its frames. Fathom's
-// own leaks are still reported. Call before each mpirun.
+// own leaks are still reported. Call before starting mpirun; calling it again is harmless.
 #pragma once
 
 #include <unistd.h>
