@@ -96,6 +96,43 @@ def check_heldout_disjoint(out):
     print(f"held-out agent tasks: {n}, none a training user turn ({agent_users} agent documents in training)")
 
 
+# The words of each concept's held-out phrasings that no training phrasing of that concept uses
+# (function words aside), frozen when the training lists were last grown. A training phrasing
+# that used one would teach part of a held-out phrasing, and the held-out score would no longer
+# measure phrasings never seen in training; growing the lists must keep clear of these words.
+HELDOUT_ONLY_WORDS = {
+    "weather": "jacket temperature", "forecast": "ahead plan upcoming",
+    "air_quality": "clean day good outside wise", "read_file": "print see text", "write_file": "like say words",
+    "list_dir": "folder listing", "delete_file": "gone trash", "web_search": "dig information results",
+    "calculator": "help result sum", "create_event": "block remember", "list_events": "free got planned",
+    "send_email": "drop note", "convert_units": "much turn", "stock_price": "latest shares",
+    "translate": "render", "timer": "called time", "alarm": "ring sure", "currency": "paying terms",
+    "local_time": "call current hour someone", "news": "fetch happening stories", "reminder": "nudge",
+    "play_music": "hear queue", "contacts": "card pull", "flights": "check options tickets",
+    "restaurants": "dinner good suggest", "define": "across came explain", "sms": "ping via",
+    "directions": "fastest navigate way", "package": "delivered news shipment", "lights": "flip",
+}
+
+
+def check_heldout_phrasing_words():
+    sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
+    import tool_concepts
+
+    def words(template):
+        return set(re.findall(r"[a-z]+", re.sub(r"\{\w+\}", " ", template.lower())))
+
+    assert sorted(HELDOUT_ONLY_WORDS) == sorted(c["key"] for c in tool_concepts.CONCEPTS)
+    n = 0
+    for c in tool_concepts.CONCEPTS:
+        held = c["templates"][-tool_concepts.HELDOUT_TEMPLATES:]
+        frozen = set(HELDOUT_ONLY_WORDS[c["key"]].split())
+        assert frozen <= set().union(*map(words, held)), (c["key"], frozen)
+        for t in c["templates"][:-tool_concepts.HELDOUT_TEMPLATES]:
+            assert not words(t) & frozen, f"{c['key']}: training phrasing {t!r} uses held-out words {words(t) & frozen}"
+            n += 1
+    print(f"{n} training phrasings keep clear of the held-out phrasings' own words")
+
+
 def check_bad_utf8(tmp):
     bad = os.path.join(tmp, "bad.jsonl")
     with open(bad, "wb") as f:
@@ -139,6 +176,7 @@ def main():
               "tokenizer reused); another seed differs")
         check_layout(os.path.join(tmp, "a"), a)
         check_heldout_disjoint(os.path.join(tmp, "a"))
+        check_heldout_phrasing_words()
         check_bad_utf8(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
