@@ -19,12 +19,12 @@ BIN = os.environ["FATHOM_BIN"]
 SRC = os.environ["FATHOM_SOURCE_DIR"]
 MODEL = os.environ.get("FATHOM_DEFAULT_MODEL", os.path.join(SRC, "models/fathom-tiny"))  # override: try another
 N = 60
-MIN_RIGHT = 0.8   # measured 0.917 on these 60 with call heads scored (85.0% on 400); chance is ~0.52
+MIN_RIGHT = 0.8   # measured 0.933 on these 60 with call heads scored (86.75% on 400); chance is ~0.52
 MIN_CALLS = 0.9
 N_AGENT = 24
-MIN_AGENT_TOOL = 0.6  # 77% measured on 200 held-out tasks, 75% on these 24; chance ~0.15
-MIN_AGENT_DONE = 0.2  # 33.5% on 200, 37.5% on these 24 (1.5% for the model before, which copied nothing)
-MIN_AGENT_ANSWERED = 0.9  # 99.5% on 200: after an Error: result the model now and then ends its turn empty
+MIN_AGENT_TOOL = 0.6  # 81% measured on 200 held-out tasks, 79% on these 24; chance ~0.15
+MIN_AGENT_DONE = 0.2  # 34.5% on 200, 46% on these 24 (1.5% for the three-stage model, which copied nothing)
+MIN_AGENT_ANSWERED = 0.9  # 98% on 200: after an Error: result the model now and then ends its turn empty
 
 sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
 sys.path.insert(0, os.path.join(SRC, "scripts"))
@@ -81,7 +81,15 @@ FILE_TOOLS = [file_tool("files__read_file", ["path"], ["path"]),
               file_tool("files__write_file", ["path", "content"], ["path", "content"])]
 FILE_REQUESTS = ["List the files", "Read the file notes.txt and tell me what it says",
                  "Show me what is in notes.txt", "Write 'hello world' to greeting.txt",
-                 "Find the word milk in my files", "What is in the docs folder?"]
+                 "Find the word milk in my files", "What is in the docs folder?",
+                 "Write 'good morning' to hi.txt", "Write 'buy milk' to todo.txt",
+                 "Write 'fix the bug' to plan.md", "Put 'red apple' into fruit.txt",
+                 "Write 'see you soon' to bye.txt", "Write 'open the door' to door.txt"]
+# A write's copied text now and then runs on ("hello hello hello ...") until max_tokens, and the
+# unfinished call comes back as text with finish_reason "length" (docs/server.md): with these bare
+# tool descriptions and no system prompt, 2 of these 12 for the five-stage model, 1 for the
+# four-stage one (3 and 2 of a wider probe's 12 writes). Every reply that is a call must fit.
+MIN_FILE_CALLS = 9
 
 
 def file_calls(url):
@@ -90,12 +98,15 @@ def file_calls(url):
     (the server constrains a call's arguments to the tool's schema, docs/engine.md)."""
     names = {t["function"]["name"] for t in FILE_TOOLS}
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FILE_TOOLS}
+    n_calls = 0
     for text in FILE_REQUESTS:
         choice = chat(url, {"messages": [{"role": "user", "content": text}], "tools": FILE_TOOLS})
         calls = choice["message"].get("tool_calls") or []
         print(f"{text!r} -> {[(c['function']['name'], c['function']['arguments']) for c in calls]}"
               f" {choice['message'].get('content')!r}")
-        assert calls, (text, choice)
+        if not calls:  # only a reply cut off by max_tokens may come back without a call
+            assert choice["finish_reason"] == "length", (text, choice)
+        n_calls += bool(calls)
         for c in calls:
             assert c["function"]["name"] in names, c
             args = json.loads(c["function"]["arguments"])
@@ -104,6 +115,7 @@ def file_calls(url):
             assert set(args) <= set(schema["properties"]), (args, schema)
             assert set(schema["required"]) <= set(args), (args, schema)
             assert all(isinstance(v, str) for v in args.values()), args
+    assert n_calls >= MIN_FILE_CALLS, (n_calls, MIN_FILE_CALLS)
 
 
 def named_call(url):
