@@ -16,10 +16,10 @@
 # trains at 1280-token sequences: the agent's prompt with the shell tool is ~1070 tokens with this
 # tokenizer, and a sequence starts at a document start, so a shorter one never reaches the reply.
 # Stages 2-5 continue from the previous stage's export with a fresh optimizer on fresh corpora
-# (seeds 6, 9, 10, 14; the stage-1 tokenizer kept) with fewer agent tasks (15%, 20%, 25%, 25%), so the
-# choice among tools with unseen names comes back while the copying stays. The committed model's
-# stages 1-4 ran on corpora built before the phrasing lists last grew (docs/MODEL.md), so a rerun gives
-# the same recipe on richer data, not the same weights.
+# (seeds 6, 9, 10, 14; the stage-1 tokenizer kept) with fewer agent tasks (15%, 20%, 25%, 25%), so
+# the choice among tools with unseen names comes back while the copying stays. The committed
+# model's stages 1-4 ran on corpora built before the phrasing lists last grew (docs/MODEL.md), so a
+# rerun gives the same recipe on richer data, not the same weights.
 # The evaluation sets are the earlier models' (held-out tool requests of seed 1, agent tasks of
 # seed 3), generated here. A machine that gets a different number of steps done in the time budget
 # gets different weights.

@@ -102,7 +102,8 @@ def check_heldout_disjoint(out):
 # measure phrasings never seen in training; growing the lists must keep clear of these words.
 HELDOUT_ONLY_WORDS = {
     "weather": "jacket temperature", "forecast": "ahead plan upcoming",
-    "air_quality": "clean day good outside wise", "read_file": "print see text", "write_file": "like say words",
+    "air_quality": "clean day good outside wise", "read_file": "print see text",
+    "write_file": "like say words",
     "list_dir": "folder listing", "delete_file": "gone trash", "web_search": "dig information results",
     "calculator": "help result sum", "create_event": "block remember", "list_events": "free got planned",
     "send_email": "drop note", "convert_units": "much turn", "stock_price": "latest shares",
@@ -128,7 +129,8 @@ def check_heldout_phrasing_words():
         frozen = set(HELDOUT_ONLY_WORDS[c["key"]].split())
         assert frozen <= set().union(*map(words, held)), (c["key"], frozen)
         for t in c["templates"][:-tool_concepts.HELDOUT_TEMPLATES]:
-            assert not words(t) & frozen, f"{c['key']}: training phrasing {t!r} uses held-out words {words(t) & frozen}"
+            leaked = words(t) & frozen
+            assert not leaked, f"{c['key']}: training phrasing {t!r} uses held-out words {leaked}"
             n += 1
     print(f"{n} training phrasings keep clear of the held-out phrasings' own words")
 
