@@ -14,6 +14,7 @@ import tempfile
 
 BIN = os.environ["FATHOM_BIN"]
 SRC = os.environ["FATHOM_SOURCE_DIR"]
+sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
 BUILD = os.path.join(SRC, "scripts/corpus/build.sh")
 # The experimental recipe (drills, parallel calls, word names, loss masks): the default one is the
 # same code with those kinds at 0 and is rebuilt byte for byte by scripts/train-default.sh's users.
@@ -81,7 +82,6 @@ def check_heldout_disjoint(out):
         n += 1
     assert n == 120, n
     print(f"held-out: {n} requests, {len(held)} held-out names vs {len(train)} training names, disjoint")
-    sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
     import agent_tasks
     agent_users = sum("files__read_file" in line for line in open(os.path.join(out, "work/chat.jsonl"), encoding="utf-8"))
     assert agent_users > 0, "no agent conversations in the corpus"
@@ -103,8 +103,8 @@ def check_heldout_disjoint(out):
 HELDOUT_ONLY_WORDS = {
     "weather": "jacket temperature", "forecast": "ahead plan upcoming",
     "air_quality": "clean day good outside wise", "read_file": "print see text",
-    "write_file": "like say words",
-    "list_dir": "folder listing", "delete_file": "gone trash", "web_search": "dig information results",
+    "write_file": "like say words", "list_dir": "folder listing", "delete_file": "gone trash",
+    "web_search": "dig information results",
     "calculator": "help result sum", "create_event": "block remember", "list_events": "free got planned",
     "send_email": "drop note", "convert_units": "much turn", "stock_price": "latest shares",
     "translate": "render", "timer": "called time", "alarm": "ring sure", "currency": "paying terms",
@@ -116,7 +116,6 @@ HELDOUT_ONLY_WORDS = {
 
 
 def check_heldout_phrasing_words():
-    sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
     import tool_concepts
 
     def words(template):

@@ -93,9 +93,10 @@ MIN_FILE_CALLS = 9
 
 
 def file_calls(url):
-    """Every reply to a file request is a call to an offered tool whose arguments fit its schema:
-    an object with only the declared keys, every required one, strings where strings are declared
-    (the server constrains a call's arguments to the tool's schema, docs/engine.md)."""
+    """At least MIN_FILE_CALLS replies to the file requests are calls, any other one was cut at
+    max_tokens, and every call is to an offered tool with arguments that fit its schema: an object
+    with only the declared keys, every required one, strings where strings are declared (the server
+    constrains a call's arguments to the tool's schema, docs/engine.md)."""
     names = {t["function"]["name"] for t in FILE_TOOLS}
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FILE_TOOLS}
     n_calls = 0
