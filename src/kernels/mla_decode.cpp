@@ -142,8 +142,9 @@ namespace internal {
 
 int64_t mla_scratch_bytes(const MlaKvFormat& f, int64_t rows) {
   const int64_t rpad = (rows + 15) / 16 * 16, T = f.page_tokens, D = f.d_qk(), dl = f.d_latent;
-  return round64(rpad * D * 4) + round64(T * rpad * 4) + round64(T * D * 4) + round64(T * dl * 2) +
-         round64(T / 2 * rpad * 4) + round64(rpad * dl * 4) + 5 * round64(rpad * 4);
+  const int64_t G = internal::mla_group_pages(f.page_tokens), GT = G * T;
+  return round64(rpad * D * 4) + round64(GT * rpad * 4) + round64(std::max<int64_t>(2, G) * T * D * 2) +
+         round64(GT * dl * 2) + round64(GT / 2 * rpad * 4) + round64(rpad * dl * 4) + 5 * round64(rpad * 4);
 }
 
 void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScratch* s) {
@@ -153,12 +154,13 @@ void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScra
     mem += round64(bytes);
     return p;
   };
+  const int64_t G = internal::mla_group_pages(f.page_tokens), GT = G * T;
   s->rpad = rpad;
   s->q = reinterpret_cast<float*>(take(rpad * D * 4));
-  s->s = reinterpret_cast<float*>(take(T * rpad * 4));
-  s->k = take(T * D * 4);
-  s->v = take(T * dl * 2);
-  s->p = reinterpret_cast<uint32_t*>(take(T / 2 * rpad * 4));
+  s->s = reinterpret_cast<float*>(take(GT * rpad * 4));
+  s->k = take(std::max<int64_t>(2, G) * T * D * 2);  // one page of f32, or G pages of bf16
+  s->v = take(GT * dl * 2);
+  s->p = reinterpret_cast<uint32_t*>(take(GT / 2 * rpad * 4));
   s->o = reinterpret_cast<float*>(take(rpad * dl * 4));
   s->m = reinterpret_cast<float*>(take(rpad * 4));
   s->l = reinterpret_cast<float*>(take(rpad * 4));

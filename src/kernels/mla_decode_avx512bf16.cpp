@@ -104,12 +104,12 @@ inline void dequant_group(const uint8_t* src, float scale, int begin, int end, u
   dequant_group_f32(src, scale, d, end, dst);
 }
 
-// fp8 tokens -> bf16 [nt][D] in s.k.
+// fp8 tokens -> bf16 [nt][D] in s.k (slot `slot` of page_tokens rows, for a group of pages).
 MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
-                       const uint8_t* next) {
+                       const uint8_t* next, int slot = 0) {
   if (f.dtype == MlaKvDType::kBF16) return {page, f.token_bytes(), next, f.token_bytes()};
   const int D = f.d_qk(), dl = f.d_latent;
-  uint16_t* kb = reinterpret_cast<uint16_t*>(s.k);
+  uint16_t* kb = reinterpret_cast<uint16_t*>(s.k) + int64_t{slot} * f.page_tokens * D;
   for (int t = 0; t < nt; ++t) {
     const uint8_t* src = page + t * f.token_bytes();
     uint16_t* dst = kb + int64_t{t} * D;
@@ -121,7 +121,7 @@ MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScr
   }
   // QK reads the bf16 copy for longer than this conversion took: it prefetches the next page,
   // a line at a time between its FMAs rather than in one burst here.
-  return {s.k, int64_t{D} * 2, next, f.token_bytes()};
+  return {reinterpret_cast<const uint8_t*>(kb), int64_t{D} * 2, next, f.token_bytes()};
 }
 
 struct QkCtx {
@@ -342,11 +342,11 @@ struct PvTile {
 // interleave within 128-bit lanes, so their columns come out permuted (see bf16_finish_row) and
 // finish_row restores it; a last 16-column block is interleaved in order. A missing odd row is
 // zero, and so are pairs past nt (n_tp may be padded). A few blocks at a time (8 KiB) stay in L1
-// while the PV tiles of every row read them.
-void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp) {
+// while the PV tiles of every row read them. v_cb: elements between column blocks in vp (pairs of
+// a whole group of pages, when vp points at one page's first pair within it).
+void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp, int64_t v_cb) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                       6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const int64_t v_cb = int64_t{n_tp} * 32;
   for (int tp = 0; tp < n_tp; ++tp) {
     if (2 * tp >= nt) {  // padding pairs (the AMX path's K of 32 tokens): zero, never read
       for (int j = 0; j < n_cb; ++j) _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_setzero_si512());
@@ -441,7 +441,7 @@ struct Bf16Isa {
     bf16_pack_p(s.s, nt, sstride, n_tp, s.p);
     for (int cb0 = 0; cb0 < n_cb; cb0 += kPvBlock) {
       const int nb = std::min(kPvBlock, n_cb - cb0);
-      bf16_pack_v(k, nt, cb0, nb, n_tp, vp);
+      bf16_pack_v(k, nt, cb0, nb, n_tp, vp, int64_t{n_tp} * 32);
       const PvCtx ctx{s.p, sstride, vp, int64_t{n_tp} * 32, n_tp, s.alpha, s.o + cb0 * 16, dl};
       MlaTiler<PvTile, 12, 4, PvCtx>::run(R, nb, kQkStep, ctx);
     }
@@ -509,8 +509,9 @@ struct AmxPrefetch {
   const char* p = nullptr;
   const char* end = nullptr;
   int per_product = 1;
-  // products: the tile products QK and PV will run for this page (about twice QK's).
+  // products: the tile products that will run before the next page is read.
   void start(const MlaRows& k, int rows, int products) {
+    finish();  // what is left of the previous stream
     p = reinterpret_cast<const char*>(k.next);
     end = p == nullptr ? nullptr : p + rows * k.next_stride;
     const int64_t lines = p == nullptr ? 0 : (end - p + 63) / 64;
@@ -559,9 +560,12 @@ thread_local AmxPrefetch g_amx_prefetch;
 
 // S = K Q^T for the page on tiles: row block rb's C tiles 0-3 hold tokens [16 tb, 16 tb + 16) x
 // 16 rows; tile 4 the B slice of qp, tiles 5-7 the A slices.
-void amx_qk(const MlaRows& k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
+void amx_qk(const MlaRows& k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s, int t_off,
+            int pv_pages) {
   const int n_dp = D / 2, n_k = D / 32, n_tb = (nt + 15) / 16;
-  g_amx_prefetch.start(k, nt, 2 * rb_count * n_k * n_tb);
+  // The next page is spread over this QK and the PV of the pages that follow it (about one QK's
+  // products each); a page whose group goes on gets it within its QK, as it is read next.
+  g_amx_prefetch.start(k, nt, (1 + pv_pages) * rb_count * n_k * n_tb);
   const auto* q = reinterpret_cast<const uint32_t*>(s.q);
   const int64_t ks = k.stride;
   for (int rb = 0; rb < rb_count; ++rb) {
@@ -576,7 +580,8 @@ void amx_qk(const MlaRows& k, int nt, int rb_count, int D, int64_t sstride, MlaS
         _tile_loadd(4, qb + kk * 256, 64);
         MLA_AMX_FOUR(MLA_AMX_A, nb, k.ptr + tb0 * 16 * ks + kk * 64, 16 * ks, ks);
       }
-      MLA_AMX_C_TILES(_tile_stored, nb, s.s + tb0 * 16 * sstride + rb * 16, 16 * sstride, sstride * 4);
+      MLA_AMX_C_TILES(_tile_stored, nb, s.s + (t_off + tb0 * 16) * sstride + rb * 16, 16 * sstride,
+                      sstride * 4);
     }
   }
 }
@@ -594,11 +599,16 @@ void amx_rescale(int rb, int dl, const float* alpha, float* o) {
   }
 }
 
-// O update for the page on tiles: P transposed per row block into s.p ([rb][16][tpad] bf16), V
-// packed kPvBlock column blocks at a time (zero pairs up to tpad tokens); O's rows rescaled where
-// alpha moved, then accumulated in place: C tiles 0-3 load four 16-column blocks of O (rows of
-// d_latent floats), tile 4 holds the A slice of P, tiles 5-7 the B slices of V.
-void amx_pv(const MlaRows& k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
+// O update for a group of g pages on tiles (their nts[j] tokens are consecutive, scores in S's
+// rows in that order): P transposed per row block into s.p ([rb][16][tpad] bf16), V packed
+// kPvBlock column blocks at a time, page by page into one run of token pairs (zero pairs up to
+// tpad tokens); O's rows rescaled where alpha moved, then accumulated in place: C tiles 0-3 load
+// four 16-column blocks of O (rows of d_latent floats) once for the whole group, tile 4 holds the
+// A slice of P, tiles 5-7 the B slices of V. A page alone gives each O tile only two products
+// (64 tokens) per load and store; at 128 heads those round trips were a third of the kernel.
+void amx_pv(const MlaRows* ks, const int* nts, int g, int R, int dl, int64_t sstride, MlaScratch& s) {
+  int nt = 0;
+  for (int j = 0; j < g; ++j) nt += nts[j];
   const int rb_count = (R + 15) / 16, tpad = (nt + 31) / 32 * 32, n_tp = tpad / 2, n_k = tpad / 32;
   const int n_cb = dl / 16;
   auto* pt = reinterpret_cast<uint16_t*>(s.p);
@@ -610,7 +620,9 @@ void amx_pv(const MlaRows& k, int nt, int R, int dl, int64_t sstride, MlaScratch
   const int64_t v_cb = int64_t{n_tp} * 32, os = int64_t{dl} * 4;
   for (int cb0 = 0; cb0 < n_cb; cb0 += kPvBlock) {
     const int nb = std::min(kPvBlock, n_cb - cb0);
-    bf16_pack_v(k, nt, cb0, nb, n_tp, vp);
+    for (int j = 0, tp0 = 0; j < g; tp0 += nts[j++] / 2) {  // all but the last page are whole (even)
+      bf16_pack_v(ks[j], nts[j], cb0, nb, j + 1 == g ? n_tp - tp0 : nts[j] / 2, vp + tp0 * 32, v_cb);
+    }
     for (int rb = 0; rb < rb_count; ++rb) {
       const uint16_t* a = pt + int64_t{rb} * 16 * tpad;
       float* o = s.o + int64_t{rb} * 16 * dl + cb0 * 16;
@@ -628,17 +640,24 @@ void amx_pv(const MlaRows& k, int nt, int R, int dl, int64_t sstride, MlaScratch
 struct AmxIsa {
   using V = V512;
   static constexpr bool kRoundP = true;
+  static constexpr bool kGroupsPages = true;  // mla_segment_simd's grouped loop
+  static constexpr int kMaxGroupPages = kMlaGroupTokens / 32;  // pages of a multiple of 32 tokens
+  // Grouping pays from 32 rows (`bench mla --batch 32 --seqlen 4096`, groups of two 64-token pages
+  // against one, alternated, 2026-12-06: 32 heads 1.06-1.08x bf16, 1.0x fp8; 128 heads 1.05-1.06x
+  // bf16, 1.04x fp8) but costs at 16 rows (0.91-0.95x both dtypes), so one row block runs page by page.
+  static constexpr int kGroupMinRowBlocks = 2;
   static void pack_q(const float* q, int R, int D, MlaScratch& s) { bf16_pack_q(q, R, D, s); }
   static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
-                           const uint8_t* next) {
-    return bf16_load_page(f, page, nt, s, next);
+                           const uint8_t* next, int slot) {
+    return bf16_load_page(f, page, nt, s, next, slot);
   }
   static void finish_row(const float* o, float inv, int dl, float* out) { bf16_finish_row(o, inv, dl, out); }
-  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
-    amx_qk(k, nt, rb_count, D, sstride, s);
+  static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s, int t_off,
+                 int pv_pages) {
+    amx_qk(k, nt, rb_count, D, sstride, s, t_off, pv_pages);
   }
-  static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
-    amx_pv(k, nt, R, dl, sstride, s);
+  static void pv(const MlaRows* ks, const int* nts, int g, int R, int dl, int64_t sstride, MlaScratch& s) {
+    amx_pv(ks, nts, g, R, dl, sstride, s);
   }
 };
 }  // namespace

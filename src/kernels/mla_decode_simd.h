@@ -20,6 +20,7 @@
 #include <limits>
 #include <utility>
 
+#include "base/check.h"
 #include "kernels/mla_decode_impl.h"
 
 namespace fathom::internal {
@@ -265,19 +266,58 @@ void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
   std::fill(s.o, s.o + int64_t{R} * dl, 0.0f);
   Isa::pack_q(p.q + a.seq * int64_t{R} * D, R, D, s);
   const float c = p.softmax_scale * kMlaLog2e;
-  for (int64_t page = a.page_begin; page < a.page_end; ++page) {
+  auto page_data = [&](int64_t page) {
+    return p.cache.data + p.block_table[a.seq * p.max_pages + page] * p.cache.page_stride_bytes;
+  };
+  // The page after `page` when it holds a key some row may see, else null (then `page` is the last).
+  auto next_page = [&](int64_t page) -> const uint8_t* {
+    const bool more = page + 1 < a.page_end && (page + 1) * T < std::min(L, lim_max + 1);
+    return more ? page_data(page + 1) : nullptr;
+  };
+  auto page_tokens = [&](int64_t page) {
     const int64_t t0 = page * T;
-    const int nt = static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
-    if (nt <= 0) break;
-    const int64_t id = p.block_table[a.seq * p.max_pages + page];
-    const uint8_t* next = nullptr;
-    if (page + 1 < a.page_end && (page + 1) * T < std::min(L, lim_max + 1)) {
-      next = p.cache.data + p.block_table[a.seq * p.max_pages + page + 1] * p.cache.page_stride_bytes;
+    return static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
+  };
+  if constexpr (requires { Isa::kGroupsPages; }) {
+    // Groups of consecutive pages (mla_group_pages, where the rows fill kGroupMinRowBlocks row
+    // blocks; a group of one page otherwise): QK of each page into its rows of S, one
+    // softmax over the group's tokens (they are consecutive: only a segment's last page is short),
+    // one PV. pv_pages tells QK how many pages' PV follow it before the next QK (for its prefetch).
+    const int G = rb_count >= Isa::kGroupMinRowBlocks ? mla_group_pages(T) : 1;
+    CHECK(G <= Isa::kMaxGroupPages);
+    MlaRows ks[Isa::kMaxGroupPages];
+    int nts[Isa::kMaxGroupPages];
+    for (int64_t page = a.page_begin; page < a.page_end;) {
+      const int64_t t0 = page * T;
+      int g = 0, nt_all = 0;
+      const uint8_t* next = nullptr;
+      while (g < G) {
+        const int nt = page_tokens(page);
+        if (nt <= 0) break;
+        next = next_page(page);
+        const bool last = g + 1 == G || next == nullptr;
+        ks[g] = Isa::load_page(f, page_data(page), nt, s, next, g);
+        Isa::qk(ks[g], nt, rb_count, D, sstride, s, nt_all, last ? g + 1 : 0);
+        nts[g++] = nt;
+        nt_all += nt;
+        ++page;
+        if (last) break;
+      }
+      if (g == 0) break;
+      mla_softmax_page<V, Isa::kRoundP>(s, nt_all, rb_count, sstride, t0, lim_min < t0 + nt_all - 1, c);
+      Isa::pv(ks, nts, g, R, dl, sstride, s);
+      if (next == nullptr) break;
     }
-    const MlaRows k = Isa::load_page(f, p.cache.data + id * p.cache.page_stride_bytes, nt, s, next);
-    Isa::qk(k, nt, rb_count, D, sstride, s);
-    mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
-    Isa::pv(k, nt, R, dl, sstride, s);
+  } else {
+    for (int64_t page = a.page_begin; page < a.page_end; ++page) {
+      const int64_t t0 = page * T;
+      const int nt = page_tokens(page);
+      if (nt <= 0) break;
+      const MlaRows k = Isa::load_page(f, page_data(page), nt, s, next_page(page));
+      Isa::qk(k, nt, rb_count, D, sstride, s);
+      mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
+      Isa::pv(k, nt, R, dl, sstride, s);
+    }
   }
   for (int r = 0; r < R; ++r) {
     const float l = s.l[r], inv = l > 0 ? 1.0f / l : 0.0f;
