@@ -140,6 +140,10 @@ Status validate_mla_decode(const MlaDecodeParams& p) {
 
 namespace internal {
 
+int mla_group_pages(int page_tokens) {
+  return page_tokens >= kMlaGroupTokens ? 1 : kMlaGroupTokens / page_tokens;
+}
+
 int64_t mla_scratch_bytes(const MlaKvFormat& f, int64_t rows) {
   const int64_t rpad = (rows + 15) / 16 * 16, T = f.page_tokens, D = f.d_qk(), dl = f.d_latent;
   const int64_t G = internal::mla_group_pages(f.page_tokens), GT = G * T;
@@ -158,7 +162,7 @@ void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScra
   s->rpad = rpad;
   s->q = reinterpret_cast<float*>(take(rpad * D * 4));
   s->s = reinterpret_cast<float*>(take(GT * rpad * 4));
-  s->k = take(std::max<int64_t>(2, G) * T * D * 2);  // one page of f32, or G pages of bf16
+  s->k = take(std::max<int64_t>(2, G) * T * D * 2);  // one page of f32, or the group's pages of bf16
   s->v = take(GT * dl * 2);
   s->p = reinterpret_cast<uint32_t*>(take(GT / 2 * rpad * 4));
   s->o = reinterpret_cast<float*>(take(rpad * dl * 4));

@@ -20,9 +20,7 @@ namespace fathom::internal {
 // one softmax over them, then one PV: each O tile is loaded and stored once per group instead of
 // once per page. The scratch's score, V and P areas hold a whole group.
 constexpr int kMlaGroupTokens = 128;
-inline int mla_group_pages(int page_tokens) {
-  return page_tokens >= kMlaGroupTokens ? 1 : kMlaGroupTokens / page_tokens;
-}
+int mla_group_pages(int page_tokens);  // max(1, kMlaGroupTokens / page_tokens)
 
 // Per-thread scratch, carved from one allocation sized once by MlaDecoder (or the reference).
 // Rows are padded to a multiple of 16 (rpad); layouts of q/k/v/p belong to each ISA path.
@@ -30,8 +28,8 @@ struct MlaScratch {
   int64_t rpad = 0;        // padded row capacity
   float* q = nullptr;      // packed query: rpad * d_qk f32
   float* s = nullptr;      // scores then probabilities: [group tokens][rpad] f32
-  uint8_t* k = nullptr;    // one page converted for the GEMMs: page_tokens * d_qk f32 (or a
-                           // group of pages as bf16: mla_group_pages <= 2 where the AMX path groups)
+  uint8_t* k = nullptr;    // one page converted for the GEMMs: page_tokens * d_qk f32, or the
+                           // AMX path's group of pages as bf16 (max(2, mla_group_pages) pages)
   uint8_t* v = nullptr;    // packed V (bf16 pairs): group tokens * d_latent * 2 bytes
   uint32_t* p = nullptr;   // packed P (bf16 pairs): (group tokens / 2) * rpad
   float* o = nullptr;      // unnormalised output: [rpad][d_latent] f32

@@ -237,17 +237,91 @@ void mla_softmax_page(MlaScratch& s, int nt, int rb_count, int64_t sstride, int6
   }
 }
 
+// What a segment's page loops need: its shapes, the last key any row may see, and its pages.
+struct MlaSegmentPages {
+  const MlaDecodeParams& p;
+  const MlaSegmentArgs& a;
+  int R, D, dl, T, rb_count;
+  int64_t sstride, L, lim_min, lim_max;
+  float c;  // softmax scale in log2 units
+
+  const uint8_t* data(int64_t page) const {
+    return p.cache.data + p.block_table[a.seq * p.max_pages + page] * p.cache.page_stride_bytes;
+  }
+  // The page after `page` when it holds a key some row may see, else null (`page` is the last).
+  const uint8_t* next(int64_t page) const {
+    const bool more = page + 1 < a.page_end && (page + 1) * T < std::min(L, lim_max + 1);
+    return more ? data(page + 1) : nullptr;
+  }
+  // Keys of `page` some row may see (<= 0: none, the segment is done).
+  int tokens(int64_t page) const {
+    const int64_t t0 = page * T;
+    return static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
+  }
+  bool need_mask(int64_t t0, int nt) const { return lim_min < t0 + nt - 1; }
+};
+
+// Page by page: load, QK, softmax, PV.
+template <class Isa>
+void mla_pages_each(const MlaSegmentPages& g, MlaScratch& s) {
+  const MlaKvFormat& f = g.p.cache.format;
+  for (int64_t page = g.a.page_begin; page < g.a.page_end; ++page) {
+    const int64_t t0 = page * g.T;
+    const int nt = g.tokens(page);
+    if (nt <= 0) break;
+    const MlaRows k = Isa::load_page(f, g.data(page), nt, s, g.next(page));
+    Isa::qk(k, nt, g.rb_count, g.D, g.sstride, s);
+    mla_softmax_page<typename Isa::V, Isa::kRoundP>(s, nt, g.rb_count, g.sstride, t0, g.need_mask(t0, nt),
+                                                    g.c);
+    Isa::pv(k, nt, g.R, g.dl, g.sstride, s);
+  }
+}
+
+// Groups of consecutive pages (mla_group_pages where the rows fill Isa::kGroupMinRowBlocks row
+// blocks, else groups of one): QK of each page into its rows of S, one softmax over the group's
+// tokens (consecutive: only a segment's last page is short), one PV. QK's last argument is how
+// many pages' PV follow it before the next page's QK (for the next page's prefetch).
+template <class Isa>
+void mla_pages_grouped(const MlaSegmentPages& g, MlaScratch& s) {
+  const MlaKvFormat& f = g.p.cache.format;
+  const int G = g.rb_count >= Isa::kGroupMinRowBlocks ? mla_group_pages(g.T) : 1;
+  CHECK(G <= Isa::kMaxGroupPages);
+  MlaRows ks[Isa::kMaxGroupPages];
+  int nts[Isa::kMaxGroupPages];
+  for (int64_t page = g.a.page_begin; page < g.a.page_end;) {
+    const int64_t t0 = page * g.T;
+    int n = 0, nt_all = 0;
+    const uint8_t* next = nullptr;
+    while (n < G) {
+      const int nt = g.tokens(page);
+      if (nt <= 0) break;
+      next = g.next(page);
+      const bool last = n + 1 == G || next == nullptr;
+      ks[n] = Isa::load_page(f, g.data(page), nt, s, next, n);
+      Isa::qk(ks[n], nt, g.rb_count, g.D, g.sstride, s, nt_all, last ? n + 1 : 0);
+      nts[n++] = nt;
+      nt_all += nt;
+      ++page;
+      if (last) break;
+    }
+    if (n == 0) break;
+    mla_softmax_page<typename Isa::V, Isa::kRoundP>(s, nt_all, g.rb_count, g.sstride, t0,
+                                                    g.need_mask(t0, nt_all), g.c);
+    Isa::pv(ks, nts, n, g.R, g.dl, g.sstride, s);
+    if (next == nullptr) break;
+  }
+}
+
 // One segment: rows of sequence a.seq over pages [page_begin, page_end). Isa provides V, kRoundP,
 // pack_q (once per segment), load_page (the page as token rows), qk (S for the page), pv (O
-// update) and finish_row (O / l into the output row);
-// see mla_decode_avx512bf16.cpp and MlaF32Isa below.
+// update) and finish_row (O / l into the output row), or with kGroupsPages the grouped forms of
+// load_page, qk and pv (mla_pages_grouped); see mla_decode_avx512bf16.cpp and MlaF32Isa below.
 template <class Isa>
 void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
-  using V = typename Isa::V;
-  constexpr int W = V::kLanes;
+  constexpr int W = Isa::V::kLanes;
   const MlaDecodeParams& p = *a.params;
   const MlaKvFormat& f = p.cache.format;
-  const int R = p.s_q * p.heads, D = f.d_qk(), dl = f.d_latent, T = f.page_tokens;
+  const int R = p.s_q * p.heads, D = f.d_qk(), dl = f.d_latent;
   const int rb_count = (R + W - 1) / W;
   const int64_t sstride = int64_t{rb_count} * W;
   const int64_t L = p.cache_seqlens[a.seq];
@@ -265,59 +339,12 @@ void mla_segment_simd(const MlaSegmentArgs& a, MlaScratch& s) {
   }
   std::fill(s.o, s.o + int64_t{R} * dl, 0.0f);
   Isa::pack_q(p.q + a.seq * int64_t{R} * D, R, D, s);
-  const float c = p.softmax_scale * kMlaLog2e;
-  auto page_data = [&](int64_t page) {
-    return p.cache.data + p.block_table[a.seq * p.max_pages + page] * p.cache.page_stride_bytes;
-  };
-  // The page after `page` when it holds a key some row may see, else null (then `page` is the last).
-  auto next_page = [&](int64_t page) -> const uint8_t* {
-    const bool more = page + 1 < a.page_end && (page + 1) * T < std::min(L, lim_max + 1);
-    return more ? page_data(page + 1) : nullptr;
-  };
-  auto page_tokens = [&](int64_t page) {
-    const int64_t t0 = page * T;
-    return static_cast<int>(std::min({int64_t{T}, L - t0, lim_max - t0 + 1}));
-  };
+  const MlaSegmentPages pages{p, a, R, D, dl, f.page_tokens, rb_count, sstride, L, lim_min, lim_max,
+                              p.softmax_scale * kMlaLog2e};
   if constexpr (requires { Isa::kGroupsPages; }) {
-    // Groups of consecutive pages (mla_group_pages, where the rows fill kGroupMinRowBlocks row
-    // blocks; a group of one page otherwise): QK of each page into its rows of S, one
-    // softmax over the group's tokens (they are consecutive: only a segment's last page is short),
-    // one PV. pv_pages tells QK how many pages' PV follow it before the next QK (for its prefetch).
-    const int G = rb_count >= Isa::kGroupMinRowBlocks ? mla_group_pages(T) : 1;
-    CHECK(G <= Isa::kMaxGroupPages);
-    MlaRows ks[Isa::kMaxGroupPages];
-    int nts[Isa::kMaxGroupPages];
-    for (int64_t page = a.page_begin; page < a.page_end;) {
-      const int64_t t0 = page * T;
-      int g = 0, nt_all = 0;
-      const uint8_t* next = nullptr;
-      while (g < G) {
-        const int nt = page_tokens(page);
-        if (nt <= 0) break;
-        next = next_page(page);
-        const bool last = g + 1 == G || next == nullptr;
-        ks[g] = Isa::load_page(f, page_data(page), nt, s, next, g);
-        Isa::qk(ks[g], nt, rb_count, D, sstride, s, nt_all, last ? g + 1 : 0);
-        nts[g++] = nt;
-        nt_all += nt;
-        ++page;
-        if (last) break;
-      }
-      if (g == 0) break;
-      mla_softmax_page<V, Isa::kRoundP>(s, nt_all, rb_count, sstride, t0, lim_min < t0 + nt_all - 1, c);
-      Isa::pv(ks, nts, g, R, dl, sstride, s);
-      if (next == nullptr) break;
-    }
+    mla_pages_grouped<Isa>(pages, s);
   } else {
-    for (int64_t page = a.page_begin; page < a.page_end; ++page) {
-      const int64_t t0 = page * T;
-      const int nt = page_tokens(page);
-      if (nt <= 0) break;
-      const MlaRows k = Isa::load_page(f, page_data(page), nt, s, next_page(page));
-      Isa::qk(k, nt, rb_count, D, sstride, s);
-      mla_softmax_page<V, Isa::kRoundP>(s, nt, rb_count, sstride, t0, lim_min < t0 + nt - 1, c);
-      Isa::pv(k, nt, R, dl, sstride, s);
-    }
+    mla_pages_each<Isa>(pages, s);
   }
   for (int r = 0; r < R; ++r) {
     const float l = s.l[r], inv = l > 0 ? 1.0f / l : 0.0f;
