@@ -144,21 +144,17 @@ int mla_group_pages(int page_tokens) {
   return page_tokens >= kMlaGroupTokens ? 1 : kMlaGroupTokens / page_tokens;
 }
 
-int64_t mla_scratch_bytes(const MlaKvFormat& f, int64_t rows) {
+// Lays the scratch out from address `base` and returns its size in bytes; mla_scratch_bytes runs it
+// from 0 (pointers never used), so the sizes are written once.
+static int64_t scratch_layout(const MlaKvFormat& f, int64_t rows, uintptr_t base, MlaScratch* s) {
   const int64_t rpad = (rows + 15) / 16 * 16, T = f.page_tokens, D = f.d_qk(), dl = f.d_latent;
-  const int64_t G = internal::mla_group_pages(f.page_tokens), GT = G * T;
-  return round64(rpad * D * 4) + round64(GT * rpad * 4) + round64(std::max<int64_t>(2, G) * T * D * 2) +
-         round64(GT * dl * 2) + round64(GT / 2 * rpad * 4) + round64(rpad * dl * 4) + 5 * round64(rpad * 4);
-}
-
-void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScratch* s) {
-  const int64_t rpad = (rows + 15) / 16 * 16, T = f.page_tokens, D = f.d_qk(), dl = f.d_latent;
+  const int64_t G = mla_group_pages(f.page_tokens), GT = G * T;
+  uintptr_t at = base;
   auto take = [&](int64_t bytes) {
-    uint8_t* p = mem;
-    mem += round64(bytes);
+    uint8_t* p = reinterpret_cast<uint8_t*>(at);
+    at += static_cast<uintptr_t>(round64(bytes));
     return p;
   };
-  const int64_t G = internal::mla_group_pages(f.page_tokens), GT = G * T;
   s->rpad = rpad;
   s->q = reinterpret_cast<float*>(take(rpad * D * 4));
   s->s = reinterpret_cast<float*>(take(GT * rpad * 4));
@@ -170,6 +166,16 @@ void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScra
   s->l = reinterpret_cast<float*>(take(rpad * 4));
   s->alpha = reinterpret_cast<float*>(take(rpad * 4));
   s->lim = reinterpret_cast<int32_t*>(take(rpad * 4));
+  return static_cast<int64_t>(at - base);
+}
+
+int64_t mla_scratch_bytes(const MlaKvFormat& f, int64_t rows) {
+  MlaScratch dry;
+  return scratch_layout(f, rows, 0, &dry);
+}
+
+void mla_scratch_carve(const MlaKvFormat& f, int64_t rows, uint8_t* mem, MlaScratch* s) {
+  scratch_layout(f, rows, reinterpret_cast<uintptr_t>(mem), s);
 }
 
 void plan_mla_schedule(const int32_t* seqlens, int64_t batch, const MlaScheduleOptions& o, MlaSchedule* s) {

@@ -345,18 +345,21 @@ TEST(MlaDecode, OddWidthsOfTheTinyPresetAndSmallPages) {
 // The AMX path runs QK page by page but softmax and PV once per group of consecutive pages up to
 // 128 tokens: four 32-token pages, two 64-token pages (the tests above), or one page of 96, 128
 // or 256 tokens. Lengths end mid-group, on a group boundary and mid-page, with causal rows whose
-// last visible key is before the sequence's end.
+// last visible key is before the sequence's end. 32 rows are two row blocks; 48 rows (three) and
+// lengths of 33 or 129 tokens leave QK's 2 x 2 tile blocks without their second row or token block.
 TEST(MlaDecode, PageGroupsCoverEveryPageSizeTheTilesTake) {
   for (int page_tokens : {32, 96, 128, 256}) {
     for (MlaKvDType dtype : {MlaKvDType::kBF16, MlaKvDType::kFP8}) {
-      const std::string what =
-          "page " + std::to_string(page_tokens) + " " + std::string(mla_kv_dtype_name(dtype));
-      run_all_paths({.format = {.d_latent = 512, .d_rope = 64, .dtype = dtype, .page_tokens = page_tokens},
-                     .s_q = 2,
-                     .heads = 16,
-                     .causal = true,
-                     .seqlens = {0, 1, 31, 32, 33, 127, 128, 129, 300, 513}},
-                    what.c_str());
+      for (int heads : {16, 24}) {
+        const std::string what = "page " + std::to_string(page_tokens) + " " +
+                                 std::string(mla_kv_dtype_name(dtype)) + " rows " + std::to_string(2 * heads);
+        run_all_paths({.format = {.d_latent = 512, .d_rope = 64, .dtype = dtype, .page_tokens = page_tokens},
+                       .s_q = 2,
+                       .heads = heads,
+                       .causal = true,
+                       .seqlens = {0, 1, 31, 32, 33, 127, 128, 129, 300, 513}},
+                      what.c_str());
+      }
     }
   }
 }
