@@ -47,6 +47,8 @@ struct Options {
   std::string rand_bytes = "64M";
   std::string split = "2M";
   uint64_t split_bytes = 0;  // --request-split, parsed
+  std::string keep_empty = "1G";
+  uint64_t keep_empty_bytes = 0;  // --keep-empty, parsed
   bool no_fio = false;
   bool json = false;
 };
@@ -394,6 +396,7 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
                         {"threads", o.threads},
                         {"queue_depth", qd},
                         {"request_split_bytes", o.split_bytes},
+                        {"keep_empty_bytes", o.keep_empty_bytes},  // the in-process server's
                         {"target", target},
                         {"server", server},
                         {"put", r.put.to_json()},
@@ -453,6 +456,9 @@ int run_store_bench(int argc, char** argv) {
               "the client sends a batch as requests of at most this size, in flight together (0: no split "
               "beyond the server's limits)",
               "SIZE");
+  args.option("--keep-empty", &o.keep_empty,
+              "the in-process server's --keep-empty (emptied slot groups kept allocated for new puts)",
+              "SIZE");
   args.flag("--no-fio", &o.no_fio, "skip the fio baseline");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
@@ -462,10 +468,12 @@ int run_store_bench(int argc, char** argv) {
   auto total = parse_size(o.bytes, "--bytes");
   auto rand_total = parse_size(o.rand_bytes, "--rand-bytes");
   auto split = parse_size(o.split, "--request-split");
-  for (const auto* r : {&block, &total, &rand_total, &split}) {
+  auto keep = parse_size(o.keep_empty, "--keep-empty");
+  for (const auto* r : {&block, &total, &rand_total, &split, &keep}) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
   o.split_bytes = *split;
+  o.keep_empty_bytes = *keep;
   if (*block == 0 || *block > (64u << 20) || o.batch < 1 || o.threads < 1 || *total < *block || o.rounds < 1 ||
       !(o.rand_seconds > 0)) {
     return fail(args.command(),
@@ -481,8 +489,9 @@ int run_store_bench(int argc, char** argv) {
                   ? (std::filesystem::temp_directory_path() / fmt::format("fathom-store-bench-{}", getpid()))
                         .string()
                   : o.dir;
-    auto s = storage::StorageServer::start(
-        storage::ServerParams{.targets = {storage::TargetParams{tmp_dir}}, .listen = "127.0.0.1:0"});
+    auto s = storage::StorageServer::start(storage::ServerParams{.targets = {storage::TargetParams{tmp_dir}},
+                                                                 .listen = "127.0.0.1:0",
+                                                                 .keep_empty_bytes = o.keep_empty_bytes});
     if (!s.ok()) return fail(args.command(), s.status());
     local = std::move(*s);
     servers.push_back(local->address());

@@ -57,7 +57,7 @@ struct ClientOptions {
 int run_server(int argc, char** argv) {
   std::vector<std::string> targets;
   std::string listen = "127.0.0.1:9400", capacity = "0", io = "auto", memory = "1G", max_request = "256M";
-  std::string group = "16M";
+  std::string group = "16M", keep_empty = "1G";
   bool no_direct = false;
   int64_t max_inflight = 16, max_connections = 512;
   Args args(argv[0], "Serve storage targets (chunk engine + KV-cache + file API) over TCP.");
@@ -71,6 +71,9 @@ int run_server(int argc, char** argv) {
   args.option("--memory", &memory, "buffer memory for all requests executing at once", "SIZE");
   args.option("--max-request", &max_request, "data bytes in one request or response", "SIZE");
   args.option("--group-size", &group, "slot-group size of new targets (preallocation unit)", "SIZE");
+  args.option("--keep-empty", &keep_empty,
+              "emptied slot groups each target keeps allocated for new puts (faster than fresh space)",
+              "SIZE");
   args.epilog(
       "Prints 'fathom store server: ready listen=HOST:PORT targets=N' on stdout when serving;\n"
       "SIGINT/SIGTERM stop it gracefully (in-flight requests finish, targets close).");
@@ -82,7 +85,8 @@ int run_server(int argc, char** argv) {
   auto mem = parse_size(memory, "--memory");
   auto req = parse_size(max_request, "--max-request");
   auto grp = parse_size(group, "--group-size");
-  for (const auto* r : {&cap, &mem, &req, &grp}) {
+  auto keep = parse_size(keep_empty, "--keep-empty");
+  for (const auto* r : {&cap, &mem, &req, &grp, &keep}) {
     if (!r->ok()) return fail(args.command(), r->status());
   }
   for (const std::string& t : targets) p.targets.push_back(storage::TargetParams{t, *cap});
@@ -92,6 +96,7 @@ int run_server(int argc, char** argv) {
   p.memory_bytes = *mem;
   p.max_request_bytes = *req;
   p.group_bytes = *grp;
+  p.keep_empty_bytes = *keep;
   p.max_inflight_per_client = static_cast<int>(max_inflight);
   p.max_connections = static_cast<int>(max_connections);
   // Signals are taken by sigwait below; block them before any server thread exists.

@@ -58,6 +58,7 @@ std::optional<Slot> SlotAllocator::allocate(int cls) {
     const uint32_t idx = w * 64 + static_cast<uint32_t>(std::countr_zero(free_bits));
     CHECK_MSG(idx < c.slots_per_group, "group {} of class {} marked partial but full", g, cls);
     group.bits[w] |= uint64_t{1} << (idx % 64);
+    if (group.used == 0) became_used(cls, g);
     if (++group.used == c.slots_per_group) st.partial.erase(g);
     used_bytes_ += c.slot_bytes;
     ++used_slots_;
@@ -88,6 +89,23 @@ void SlotAllocator::add_group(int cls, uint32_t group) {
   st.absent.erase(group);
   st.partial.insert(group);
   reserved_bytes_ += c.group_bytes();
+  became_empty(cls, group);
+}
+
+void SlotAllocator::became_used(int cls, uint32_t group) {
+  state_[cls].empty.erase(group);
+  empty_bytes_ -= classes_[cls].group_bytes();
+}
+
+void SlotAllocator::became_empty(int cls, uint32_t group) {
+  state_[cls].empty.insert(group);
+  empty_bytes_ += classes_[cls].group_bytes();
+}
+
+std::optional<uint32_t> SlotAllocator::highest_empty_group(int cls) const {
+  const ClassState& st = state_[cls];
+  if (st.empty.empty()) return std::nullopt;
+  return *st.empty.rbegin();
 }
 
 Result<std::pair<uint32_t, uint32_t>> SlotAllocator::locate(const Slot& slot) const {
@@ -120,8 +138,9 @@ std::optional<uint32_t> SlotAllocator::free(const Slot& slot) {
   st.partial.insert(g);
   used_bytes_ -= classes_[slot.size_class].slot_bytes;
   --used_slots_;
-  if (group.used == 0) return g;
-  return std::nullopt;
+  if (group.used > 0) return std::nullopt;
+  became_empty(slot.size_class, g);
+  return g;
 }
 
 void SlotAllocator::release_group(int cls, uint32_t group) {
@@ -129,6 +148,8 @@ void SlotAllocator::release_group(int cls, uint32_t group) {
   CHECK(group < st.groups.size() && st.groups[group].reserved && st.groups[group].used == 0);
   st.groups[group].reserved = false;
   st.partial.erase(group);
+  st.empty.erase(group);
+  empty_bytes_ -= classes_[cls].group_bytes();
   st.absent.insert(group);
   reserved_bytes_ -= classes_[cls].group_bytes();
   trim(cls);
@@ -156,6 +177,7 @@ Status SlotAllocator::mark_used(const Slot& slot, std::string_view owner) {
   }
   group.bits[idx / 64] |= bit;
   const SlotClass& c = classes_[slot.size_class];
+  if (group.used == 0) became_used(slot.size_class, g);
   if (++group.used == c.slots_per_group) st.partial.erase(g);
   used_bytes_ += c.slot_bytes;
   ++used_slots_;

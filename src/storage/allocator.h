@@ -2,6 +2,8 @@
 // powers of two and 1.5x between them, so a chunk wastes at most a third of its slot) has one
 // data file divided into groups of up to 256 equal slots; a group is the unit of disk
 // reservation (fallocate) and release (hole punch), a bit per slot says whether it is in use.
+// A group whose last slot is freed stays reserved (and allocatable) until the caller releases
+// it; empty_bytes() and highest_empty_group() say which are empty.
 // Allocation takes the lowest free slot of the lowest partly used group, so data stays dense.
 // The allocator holds no persistent state: after a restart it is rebuilt from the chunk
 // metadata (mark_used), and every slot no chunk references is free.
@@ -58,13 +60,16 @@ class SlotAllocator {
   std::optional<uint32_t> free(const Slot& slot);
   // An empty reserved group gives its space back.
   void release_group(int cls, uint32_t group);
+  // The highest-numbered reserved group of `cls` with no slot in use, if any.
+  std::optional<uint32_t> highest_empty_group(int cls) const;
   // Rebuild: the slot is in use by `owner`. Errors name the owner on a bad or doubly used slot.
   Status mark_used(const Slot& slot, std::string_view owner);
   bool group_reserved(int cls, uint32_t group) const;
   uint32_t group_count(int cls) const { return static_cast<uint32_t>(state_[cls].groups.size()); }
 
   uint64_t reserved_bytes() const { return reserved_bytes_; }
-  uint64_t used_bytes() const { return used_bytes_; }  // slot bytes of used slots
+  uint64_t empty_bytes() const { return empty_bytes_; }  // of reserved groups with no slot in use
+  uint64_t used_bytes() const { return used_bytes_; }    // slot bytes of used slots
   uint64_t used_slots() const { return used_slots_; }
 
  private:
@@ -77,13 +82,18 @@ class SlotAllocator {
     std::vector<Group> groups;
     std::set<uint32_t> partial;  // reserved groups with a free slot
     std::set<uint32_t> absent;   // indices below groups.size() that are not reserved
+    std::set<uint32_t> empty;    // reserved groups with no slot in use
   };
   Result<std::pair<uint32_t, uint32_t>> locate(const Slot& slot) const;  // (group, index)
   void trim(int cls);
+  // Bookkeeping of st.empty when a group's use count leaves or reaches zero.
+  void became_used(int cls, uint32_t group);
+  void became_empty(int cls, uint32_t group);
 
   std::vector<SlotClass> classes_;
   std::vector<ClassState> state_;
   uint64_t reserved_bytes_ = 0;
+  uint64_t empty_bytes_ = 0;
   uint64_t used_bytes_ = 0;
   uint64_t used_slots_ = 0;
 };

@@ -213,14 +213,30 @@ void ChunkEngine::free_slot_locked(const Slot& slot) {
 }
 
 void ChunkEngine::release_slot_locked(const Slot& slot) {
-  if (auto group = alloc_->free(slot)) {
-    const int file = class_files_[slot.size_class];
-    const uint64_t gb = alloc_->classes()[slot.size_class].group_bytes();
-    if (Status s = files_->punch(file, *group * gb, gb); !s.ok()) {
-      log_warn("storage target '{}': {} (space stays allocated until restart)", params_.dir, s.to_string());
-    }
-    alloc_->release_group(slot.size_class, *group);
+  const auto group = alloc_->free(slot);
+  if (group && alloc_->empty_bytes() > params_.keep_empty_bytes)
+    release_group_locked(slot.size_class, *group);
+}
+
+void ChunkEngine::release_group_locked(int cls, uint32_t group) {
+  const uint64_t gb = alloc_->classes()[cls].group_bytes();
+  if (Status s = files_->punch(class_files_[cls], group * gb, gb); !s.ok()) {
+    log_warn("storage target '{}': {} (space stays allocated until restart)", params_.dir, s.to_string());
   }
+  alloc_->release_group(cls, group);
+}
+
+uint64_t ChunkEngine::release_empty_groups_locked(uint64_t bytes) {
+  uint64_t released = 0;
+  for (int cls = 0; cls < static_cast<int>(alloc_->classes().size()) && released < bytes; ++cls) {
+    while (released < bytes) {
+      const auto group = alloc_->highest_empty_group(cls);
+      if (!group) break;
+      release_group_locked(cls, *group);
+      released += alloc_->classes()[cls].group_bytes();
+    }
+  }
+  return released;
 }
 
 Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
@@ -228,15 +244,24 @@ Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
     *slot = *s;
     return {};
   }
-  const uint32_t g = alloc_->next_group(cls);
+  // No free slot of this class, so none of its groups is empty; kept groups of other classes
+  // give their space back first when the capacity or the disk is short.
   const uint64_t gb = alloc_->classes()[cls].group_bytes();
-  if (params_.capacity_bytes > 0 && alloc_->reserved_bytes() + gb > params_.capacity_bytes) {
+  const uint64_t cap = params_.capacity_bytes;
+  if (cap > 0 && alloc_->reserved_bytes() + gb > cap)
+    release_empty_groups_locked(alloc_->reserved_bytes() + gb - cap);
+  if (cap > 0 && alloc_->reserved_bytes() + gb > cap) {
     return resource_exhausted(
         "storage target {} ('{}') is full: {} of {} bytes reserved, a {}-byte group needed", target_id_,
-        params_.dir, alloc_->reserved_bytes(), params_.capacity_bytes, gb);
+        params_.dir, alloc_->reserved_bytes(), cap, gb);
   }
+  const uint32_t g = alloc_->next_group(cls);
   const int file = TRY(class_file(cls));
-  if (Status s = files_->allocate(file, alloc_->group_offset(cls, g), gb); !s.ok()) {
+  Status s = files_->allocate(file, alloc_->group_offset(cls, g), gb);
+  if (s.code() == StatusCode::kResourceExhausted && release_empty_groups_locked(UINT64_MAX) > 0) {
+    s = files_->allocate(file, alloc_->group_offset(cls, g), gb);
+  }
+  if (!s.ok()) {
     if (s.code() == StatusCode::kResourceExhausted) {
       return resource_exhausted("storage target {} ('{}') is full: the disk has no space ({})", target_id_,
                                 params_.dir, s.message());
@@ -244,9 +269,9 @@ Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
     return s;
   }
   alloc_->add_group(cls, g);
-  auto s = alloc_->allocate(cls);
-  CHECK(s.has_value());
-  *slot = *s;
+  auto a = alloc_->allocate(cls);
+  CHECK(a.has_value());
+  *slot = *a;
   return {};
 }
 

@@ -57,7 +57,13 @@ struct EngineParams {
   bool direct = true;
   FaultInjector* faults = nullptr;   // not owned
   uint64_t group_bytes = 16u << 20;  // used when the target is created; persisted
-  double evict_high_water = 0.95;    // of capacity (live slot bytes), for maintain()
+  // Groups emptied by removal, overwrite or eviction stay allocated, up to this many bytes, for
+  // the next puts: on ext4 a direct write into blocks already written skips the unwritten-extent
+  // conversion that a freshly allocated block journals before the commit's flush (docs/storage.md,
+  // "Kept empty groups"). They are hole-punched when a reservation would pass the capacity or
+  // the disk is full, and at restart.
+  uint64_t keep_empty_bytes = 1u << 30;
+  double evict_high_water = 0.95;  // of capacity (live slot bytes), for maintain()
   double evict_low_water = 0.90;
   uint32_t evict_sample = 16;         // candidates compared per eviction (approximate LRU)
   std::function<int64_t()> clock_ms;  // Unix ms; the system clock when empty (tests inject one)
@@ -119,9 +125,10 @@ struct ReadPin {
 
 struct EngineStats {
   uint64_t chunks = 0;
-  uint64_t live_bytes = 0;       // chunk bytes
-  uint64_t used_slot_bytes = 0;  // slot bytes of live chunks (what eviction targets)
-  uint64_t reserved_bytes = 0;   // data-file space reserved (what the capacity caps)
+  uint64_t live_bytes = 0;         // chunk bytes
+  uint64_t used_slot_bytes = 0;    // slot bytes of live chunks (what eviction targets)
+  uint64_t reserved_bytes = 0;     // data-file space reserved (what the capacity caps)
+  uint64_t empty_group_bytes = 0;  // of it, groups with no chunk, kept for the next puts
   uint64_t capacity_bytes = 0;
   uint64_t reads = 0, read_bytes = 0, writes = 0, write_bytes = 0, removes = 0;
   uint64_t checksum_errors = 0, evictions = 0, expirations = 0, commits = 0;
@@ -196,6 +203,8 @@ class ChunkEngine {
   Status allocate_with_eviction(int cls, Slot* slot);
   void free_slot_locked(const Slot& slot);
   void release_slot_locked(const Slot& slot);
+  void release_group_locked(int cls, uint32_t group);    // hole-punches an empty group
+  uint64_t release_empty_groups_locked(uint64_t bytes);  // at least `bytes` of them, or all; returns bytes
   void write_data_and_commit(std::span<const WriteItem> items, std::vector<CommitOp>& ops,
                              const std::vector<Slot>& slots, std::vector<IoOp>& io,
                              const std::vector<size_t>& io_item, std::vector<bool>& active,

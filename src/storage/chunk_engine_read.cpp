@@ -186,6 +186,7 @@ EngineStats ChunkEngine::stats() const {
     s.live_bytes = live_bytes_;
     s.used_slot_bytes = alloc_->used_bytes();
     s.reserved_bytes = alloc_->reserved_bytes();
+    s.empty_group_bytes = alloc_->empty_bytes();
     s.quarantined_slots = quarantined_slots_;
   }
   s.capacity_bytes = params_.capacity_bytes;

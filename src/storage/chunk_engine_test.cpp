@@ -5,8 +5,10 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -202,6 +204,110 @@ TEST(ChunkEngine, FullTargetFailsDistinctlyLeaksNothingAndResumesAfterRemoval) {
   ASSERT_TRUE(e->remove_batch(victim, std::span(&existed, 1)).ok());
   EXPECT_TRUE(e->write("again", block).ok());
   EXPECT_EQ(*e->read("again"), block);
+}
+
+// Bytes the data files hold on disk (hole-punched ranges hold none).
+uint64_t data_blocks_bytes(const EngineParams& p) {
+  uint64_t total = 0;
+  for (const auto& f : std::filesystem::directory_iterator(p.dir + "/data")) {
+    struct stat st {};
+    if (::stat(f.path().c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+TEST(ChunkEngine, EmptiedGroupsStayAllocatedUpToTheBudgetForTheNextPuts) {
+  TempDir dir;
+  EngineParams p = params_for(dir);  // 1 MiB groups: four 256 KiB slots each
+  p.keep_empty_bytes = 2u << 20;
+  const std::string block = payload(4, 256 * 1024);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back("k" + std::to_string(i));
+  const std::vector<std::string_view> views(ids.begin(), ids.end());
+  {
+    auto e = open_engine(p);
+    ASSERT_TRUE(e);
+    for (const auto& id : ids) ASSERT_TRUE(e->write(id, block).ok());
+    EXPECT_EQ(e->stats().reserved_bytes, 4u << 20);
+    const uint64_t full_blocks = data_blocks_bytes(p);
+    EXPECT_GE(full_blocks, 4u << 20);
+    bool any = false;
+    for (const auto& v : views) ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
+    // Two groups are kept (the budget), two were hole-punched.
+    EXPECT_EQ(e->stats().chunks, 0u);
+    EXPECT_EQ(e->stats().reserved_bytes, 2u << 20);
+    EXPECT_EQ(e->stats().empty_group_bytes, 2u << 20);
+    const uint64_t kept_blocks = data_blocks_bytes(p);
+    EXPECT_EQ(full_blocks - kept_blocks, 2u << 20);
+    // The next eight puts land in the kept groups: nothing new is reserved or allocated.
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(e->write("n" + std::to_string(i), block).ok());
+    EXPECT_EQ(e->stats().reserved_bytes, 2u << 20);
+    EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+    EXPECT_EQ(data_blocks_bytes(p), kept_blocks);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(*e->read("n" + std::to_string(i)), block);
+    // Emptied again: kept again; a budget of 0 would have punched them (below).
+    for (int i = 0; i < 4; ++i) {
+      const std::string id = "n" + std::to_string(i);
+      const std::string_view v = id;
+      ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
+    }
+    EXPECT_EQ(e->stats().empty_group_bytes, 1u << 20);
+  }
+  // A restart gives kept groups back (the allocator is rebuilt from the live chunks).
+  auto e = open_engine(p);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().reserved_bytes, 1u << 20);
+  EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(*e->read("n" + std::to_string(i)), block);
+  EXPECT_TRUE(e->scrub()->empty());
+}
+
+TEST(ChunkEngine, WithNoBudgetEmptiedGroupsAreHolePunchedAtOnce) {
+  TempDir dir;
+  EngineParams p = params_for(dir);
+  p.keep_empty_bytes = 0;
+  auto e = open_engine(p);
+  const std::string block = payload(6, 256 * 1024);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(e->write("k" + std::to_string(i), block).ok());
+  const uint64_t full_blocks = data_blocks_bytes(p);
+  bool any = false;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "k" + std::to_string(i);
+    const std::string_view v = id;
+    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
+  }
+  EXPECT_EQ(e->stats().reserved_bytes, 1u << 20);
+  EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+  EXPECT_EQ(full_blocks - data_blocks_bytes(p), 1u << 20);
+}
+
+TEST(ChunkEngine, KeptGroupsGiveWayWhenAnotherClassNeedsTheCapacity) {
+  TempDir dir;
+  EngineParams p = params_for(dir);
+  p.capacity_bytes = 4u << 20;
+  p.keep_empty_bytes = 4u << 20;
+  auto e = open_engine(p);
+  const std::string small = payload(7, 256 * 1024);
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(e->write("s" + std::to_string(i), small).ok());
+  bool any = false;
+  for (int i = 0; i < 16; ++i) {
+    const std::string id = "s" + std::to_string(i);
+    const std::string_view v = id;
+    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
+  }
+  EXPECT_EQ(e->stats().empty_group_bytes, 4u << 20);  // the whole capacity, all empty
+  // 1.5 MiB chunks (a class of its own, one slot per group): two fit once the kept groups go.
+  const std::string big = payload(8, 3u << 19);
+  ASSERT_TRUE(e->write("b0", big).ok());
+  ASSERT_TRUE(e->write("b1", big).ok());
+  EXPECT_LE(e->stats().reserved_bytes, p.capacity_bytes);
+  EXPECT_EQ(e->stats().empty_group_bytes, 1u << 20);
+  EXPECT_EQ(*e->read("b0"), big);
+  // With nothing left to give back, the cap holds.
+  const Status s = e->write("b2", big);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+  EXPECT_TRUE(e->write("s0", small).ok());
 }
 
 TEST(ChunkEngine, CacheBlocksAreEvictedLeastRecentlyUsedFirstWhenFull) {

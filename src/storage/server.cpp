@@ -139,6 +139,7 @@ Status ServerImpl::open_targets() {
                     .direct = params_.direct_io,
                     .faults = params_.faults,
                     .group_bytes = params_.group_bytes,
+                    .keep_empty_bytes = params_.keep_empty_bytes,
                     .evict_high_water = params_.evict_high_water,
                     .evict_low_water = params_.evict_low_water};
     engines_[i] = TRY(ChunkEngine::open(std::move(ep)));

@@ -53,6 +53,7 @@ struct ServerParams {
   std::string io = "auto";                // auto | io_uring | psync
   bool direct_io = true;                  // O_DIRECT where the filesystem allows it
   uint64_t group_bytes = 16u << 20;       // slot-group size of newly created targets
+  uint64_t keep_empty_bytes = 1u << 30;   // emptied groups kept allocated per target for new puts
   int max_connections = 512;
   int max_inflight_per_client = 16;         // requests of one client id executing at once
   uint64_t max_request_bytes = 256u << 20;  // data bytes in one request or one response
