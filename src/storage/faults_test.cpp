@@ -194,6 +194,50 @@ TEST(InjectedFailures, EachFailingStepFailsTheWriteCleanlyAndLaterWritesWork) {
   }
 }
 
+// A full disk first takes back the emptied groups a target keeps for reuse: a reservation that
+// fails with ENOSPC punches them and tries again; if the disk is still full, the put fails as
+// full with nothing kept.
+TEST(InjectedFailures, AFullDiskTakesBackKeptEmptyGroupsBeforeFailing) {
+  TempDir dir;
+  FaultInjector faults;
+  const EngineParams p = fault_params(dir, &faults);  // 1 MiB groups, 1 GiB kept by default
+  auto e = ChunkEngine::open(p).value();
+  const std::string small = payload(1, 256 * 1024);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(e->write("s" + std::to_string(i), small).ok());
+  bool existed = false;
+  for (int i = 0; i < 8; ++i) {
+    const std::string id = "s" + std::to_string(i);
+    const std::string_view v = id;
+    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&existed, 1)).ok());
+  }
+  ASSERT_EQ(e->stats().empty_group_bytes, 2u << 20);
+  // One ENOSPC: the kept groups go, the retry reserves the new class's group.
+  faults.add_rule(FaultRule{.op = FaultOp::kDataAllocate, .count = 1, .error = 28 /* ENOSPC */});
+  const std::string big = payload(2, 3u << 19);
+  ASSERT_TRUE(e->write("b0", big).ok());
+  EXPECT_EQ(faults.failures_injected(), 1u);
+  EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+  EXPECT_EQ(*e->read("b0"), big);
+  // Kept groups again, and a disk that stays full: the put fails as full and keeps nothing.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->write("t" + std::to_string(i), small).ok());
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "t" + std::to_string(i);
+    const std::string_view v = id;
+    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&existed, 1)).ok());
+  }
+  ASSERT_EQ(e->stats().empty_group_bytes, 1u << 20);
+  faults.add_rule(FaultRule{.op = FaultOp::kDataAllocate, .count = -1, .error = 28});
+  const Status s = e->write("b1", big);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("full"), std::string::npos) << s.message();
+  // The first try, the retry after the punch, and one more after eviction found nothing to evict.
+  EXPECT_EQ(faults.failures_injected(), 4u);
+  EXPECT_EQ(e->stats().empty_group_bytes, 0u);
+  faults.clear_rules();
+  EXPECT_TRUE(e->write("b1", big).ok());
+  EXPECT_EQ(*e->read("b0"), big);
+}
+
 TEST(InjectedFailures, AFailedReadReturnsAnErrorNotData) {
   TempDir dir;
   FaultInjector faults;
