@@ -221,18 +221,14 @@ TEST(ChunkEngine, EmptiedGroupsStayAllocatedUpToTheBudgetForTheNextPuts) {
   EngineParams p = params_for(dir);  // 1 MiB groups: four 256 KiB slots each
   p.keep_empty_bytes = 2u << 20;
   const std::string block = payload(4, 256 * 1024);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 16; ++i) ids.push_back("k" + std::to_string(i));
-  const std::vector<std::string_view> views(ids.begin(), ids.end());
   {
     auto e = open_engine(p);
     ASSERT_TRUE(e);
-    for (const auto& id : ids) ASSERT_TRUE(e->write(id, block).ok());
+    for (int i = 0; i < 16; ++i) ASSERT_TRUE(e->write("k" + std::to_string(i), block).ok());
     EXPECT_EQ(e->stats().reserved_bytes, 4u << 20);
     const uint64_t full_blocks = data_blocks_bytes(p);
     EXPECT_GE(full_blocks, 4u << 20);
-    bool any = false;
-    for (const auto& v : views) ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
+    ASSERT_TRUE(testing::remove_numbered(*e, "k", 0, 16).ok());
     // Two groups are kept (the budget), two were hole-punched.
     EXPECT_EQ(e->stats().chunks, 0u);
     EXPECT_EQ(e->stats().reserved_bytes, 2u << 20);
@@ -246,11 +242,7 @@ TEST(ChunkEngine, EmptiedGroupsStayAllocatedUpToTheBudgetForTheNextPuts) {
     EXPECT_EQ(data_blocks_bytes(p), kept_blocks);
     for (int i = 0; i < 8; ++i) EXPECT_EQ(*e->read("n" + std::to_string(i)), block);
     // Emptied again: kept again; a budget of 0 would have punched them (below).
-    for (int i = 0; i < 4; ++i) {
-      const std::string id = "n" + std::to_string(i);
-      const std::string_view v = id;
-      ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
-    }
+    ASSERT_TRUE(testing::remove_numbered(*e, "n", 0, 4).ok());
     EXPECT_EQ(e->stats().empty_group_bytes, 1u << 20);
   }
   // A restart gives kept groups back (the allocator is rebuilt from the live chunks).
@@ -270,12 +262,7 @@ TEST(ChunkEngine, WithNoBudgetEmptiedGroupsAreHolePunchedAtOnce) {
   const std::string block = payload(6, 256 * 1024);
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(e->write("k" + std::to_string(i), block).ok());
   const uint64_t full_blocks = data_blocks_bytes(p);
-  bool any = false;
-  for (int i = 0; i < 4; ++i) {
-    const std::string id = "k" + std::to_string(i);
-    const std::string_view v = id;
-    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
-  }
+  ASSERT_TRUE(testing::remove_numbered(*e, "k", 0, 4).ok());
   EXPECT_EQ(e->stats().reserved_bytes, 1u << 20);
   EXPECT_EQ(e->stats().empty_group_bytes, 0u);
   EXPECT_EQ(full_blocks - data_blocks_bytes(p), 1u << 20);
@@ -289,12 +276,7 @@ TEST(ChunkEngine, KeptGroupsGiveWayWhenAnotherClassNeedsTheCapacity) {
   auto e = open_engine(p);
   const std::string small = payload(7, 256 * 1024);
   for (int i = 0; i < 16; ++i) ASSERT_TRUE(e->write("s" + std::to_string(i), small).ok());
-  bool any = false;
-  for (int i = 0; i < 16; ++i) {
-    const std::string id = "s" + std::to_string(i);
-    const std::string_view v = id;
-    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&any, 1)).ok());
-  }
+  ASSERT_TRUE(testing::remove_numbered(*e, "s", 0, 16).ok());
   EXPECT_EQ(e->stats().empty_group_bytes, 4u << 20);  // the whole capacity, all empty
   // 1.5 MiB chunks (a class of its own, one slot per group): two fit once the kept groups go.
   const std::string big = payload(8, 3u << 19);

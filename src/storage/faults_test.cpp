@@ -204,12 +204,7 @@ TEST(InjectedFailures, AFullDiskTakesBackKeptEmptyGroupsBeforeFailing) {
   auto e = ChunkEngine::open(p).value();
   const std::string small = payload(1, 256 * 1024);
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(e->write("s" + std::to_string(i), small).ok());
-  bool existed = false;
-  for (int i = 0; i < 8; ++i) {
-    const std::string id = "s" + std::to_string(i);
-    const std::string_view v = id;
-    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&existed, 1)).ok());
-  }
+  ASSERT_TRUE(testing::remove_numbered(*e, "s", 0, 8).ok());
   ASSERT_EQ(e->stats().empty_group_bytes, 2u << 20);
   // One ENOSPC: the kept groups go, the retry reserves the new class's group.
   faults.add_rule(FaultRule{.op = FaultOp::kDataAllocate, .count = 1, .error = 28 /* ENOSPC */});
@@ -220,11 +215,7 @@ TEST(InjectedFailures, AFullDiskTakesBackKeptEmptyGroupsBeforeFailing) {
   EXPECT_EQ(*e->read("b0"), big);
   // Kept groups again, and a disk that stays full: the put fails as full and keeps nothing.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->write("t" + std::to_string(i), small).ok());
-  for (int i = 0; i < 4; ++i) {
-    const std::string id = "t" + std::to_string(i);
-    const std::string_view v = id;
-    ASSERT_TRUE(e->remove_batch(std::span(&v, 1), std::span(&existed, 1)).ok());
-  }
+  ASSERT_TRUE(testing::remove_numbered(*e, "t", 0, 4).ok());
   ASSERT_EQ(e->stats().empty_group_bytes, 1u << 20);
   faults.add_rule(FaultRule{.op = FaultOp::kDataAllocate, .count = -1, .error = 28});
   const Status s = e->write("b1", big);

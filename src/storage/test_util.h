@@ -9,10 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "base/rng.h"
+#include "base/status.h"
 
 namespace fathom::storage::testing {
 
@@ -59,6 +64,16 @@ inline uint64_t test_seed() {
   }
   std::printf("seed %llu (FATHOM_TEST_SEED to replay)\n", static_cast<unsigned long long>(seed));
   return seed;
+}
+
+// Removes the chunks prefix + i for i in [from, to) in one batch (an engine's remove_batch).
+template <class Engine>
+Status remove_numbered(Engine& e, const std::string& prefix, int from, int to) {
+  std::vector<std::string> ids;
+  for (int i = from; i < to; ++i) ids.push_back(prefix + std::to_string(i));
+  const std::vector<std::string_view> views(ids.begin(), ids.end());
+  const auto existed = std::make_unique<bool[]>(views.size());
+  return e.remove_batch(views, std::span(existed.get(), views.size()));
 }
 
 }  // namespace fathom::storage::testing
