@@ -328,15 +328,17 @@ TEST(StoreServerProcess, ARealFullDiskFailsPutsDistinctlyAndRemovalResumesThem) 
   }
   RunResult again = run({"store", "put", local, "again", "--chunk-size", "1M", "--server", server.address()});
   EXPECT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_EQ(run({"store", "get", "again", dir.sub("back"), "--server", server.address()}).exit_code, 0);
+  // (ASSERT: a failed get must end the test before read_file's error is dereferenced, so the
+  // server is stopped and the loop device unmounted by the destructors.)
+  ASSERT_EQ(run({"store", "get", "again", dir.sub("back"), "--server", server.address()}).exit_code, 0);
   EXPECT_EQ(*read_file(dir.sub("back")), payload(5, 1 << 20));
   // The two groups the removals emptied and "again" did not reuse stay allocated for 1 MiB chunks;
   // 512 KiB chunks need a group of their own, which the full disk has room for only once the kept
   // groups are given back (fallocate fails with ENOSPC, the kept groups are punched, it retries).
   RunResult other =
       run({"store", "put", local, "halves", "--chunk-size", "512K", "--server", server.address()});
-  EXPECT_EQ(other.exit_code, 0) << other.err;
-  EXPECT_EQ(run({"store", "get", "halves", dir.sub("back2"), "--server", server.address()}).exit_code, 0);
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  ASSERT_EQ(run({"store", "get", "halves", dir.sub("back2"), "--server", server.address()}).exit_code, 0);
   EXPECT_EQ(*read_file(dir.sub("back2")), payload(5, 1 << 20));
   server.kill(SIGTERM);
   EXPECT_EQ(server.wait(), 0) << server.log();
