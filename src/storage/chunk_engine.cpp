@@ -127,11 +127,15 @@ Status ChunkEngine::rebuild() {
       });
 }
 
-// Every data-file range outside a reserved group holds no committed chunk: data written there
-// before a crash (never committed) or groups emptied without a punch. Give the blocks back.
+// Every data-file range outside a reserved group holds no committed chunk: groups emptied before
+// the restart (kept for reuse or not yet punched) or data written there before a crash and never
+// committed. Whole groups whose blocks are all written become kept empty groups again, up to
+// keep_empty_bytes (and the capacity), so puts after a restart still overwrite written blocks;
+// every other such range gives its blocks back.
 Status ChunkEngine::reclaim_orphans() {
   std::lock_guard lock(mu_);
   const auto& classes = alloc_->classes();
+  uint64_t kept = 0;
   for (size_t cls = 0; cls < classes.size(); ++cls) {
     const std::string name = fmt::format("class{:02}_{}.dat", cls, classes[cls].slot_bytes);
     if (class_files_[cls] < 0 && !path_exists(params_.dir + "/data/" + name)) continue;  // never used
@@ -140,24 +144,36 @@ Status ChunkEngine::reclaim_orphans() {
     class_files_[cls] = *existing;
     const uint64_t size = TRY(files_->size(*existing));
     const uint64_t gb = classes[cls].group_bytes();
-    uint64_t start = UINT64_MAX;
+    uint64_t start = UINT64_MAX;  // of the run of ranges to punch
+    auto punch_run = [&](uint64_t end) -> Status {
+      if (start == UINT64_MAX) return {};
+      TRY(files_->punch(*existing, start, end - start));
+      orphan_bytes_reclaimed_ += end - start;
+      start = UINT64_MAX;
+      return {};
+    };
     for (uint64_t g = 0; g * gb < size; ++g) {
-      const bool used = alloc_->group_reserved(static_cast<int>(cls), static_cast<uint32_t>(g));
-      if (!used && start == UINT64_MAX) start = g * gb;
-      if (used && start != UINT64_MAX) {
-        TRY(files_->punch(*existing, start, g * gb - start));
-        orphan_bytes_reclaimed_ += g * gb - start;
-        start = UINT64_MAX;
+      const auto group = static_cast<uint32_t>(g);
+      bool keep = alloc_->group_reserved(static_cast<int>(cls), group);
+      if (!keep && (g + 1) * gb <= size && kept + gb <= params_.keep_empty_bytes &&
+          (params_.capacity_bytes == 0 || alloc_->reserved_bytes() + gb <= params_.capacity_bytes) &&
+          files_->all_written(*existing, g * gb, gb)) {
+        alloc_->add_group(static_cast<int>(cls), group);
+        kept += gb;
+        keep = true;
+      }
+      if (keep) {
+        TRY(punch_run(g * gb));
+      } else if (start == UINT64_MAX) {
+        start = g * gb;
       }
     }
-    if (start != UINT64_MAX && start < size) {
-      TRY(files_->punch(*existing, start, size - start));
-      orphan_bytes_reclaimed_ += size - start;
-    }
+    if (start != UINT64_MAX && start < size) TRY(punch_run(size));
   }
-  if (orphan_bytes_reclaimed_ > 0) {
-    log_info("storage target '{}': {} bytes of data-file space outside live groups released", params_.dir,
-             orphan_bytes_reclaimed_);
+  if (orphan_bytes_reclaimed_ > 0 || kept > 0) {
+    log_info(
+        "storage target '{}': {} bytes of data-file space outside live groups released, {} kept for new puts",
+        params_.dir, orphan_bytes_reclaimed_, kept);
   }
   return {};
 }

@@ -7,7 +7,8 @@
 // Writes are copy-on-write: the data lands in a fresh slot, is fdatasync'ed, then one synced
 // RocksDB batch commits the new record and only then is the old slot freed. A crash at any point
 // leaves the old chunk or the new one whole; slots written but never committed are free after a
-// restart (the allocator is rebuilt from RocksDB and groups no chunk uses are hole-punched).
+// restart (the allocator is rebuilt from RocksDB; groups no chunk uses are hole-punched, or kept
+// empty for new puts when all their blocks are written).
 // Concurrent writers share commits (a leader writes the queued batches in one RocksDB write).
 // Every read verifies the CRC32C; a mismatch is kCorrupt, never data.
 //
@@ -61,7 +62,7 @@ struct EngineParams {
   // the next puts: on ext4 a direct write into blocks already written skips the unwritten-extent
   // conversion that a freshly allocated block journals before the commit's flush (docs/storage.md,
   // "Kept empty groups"). They are hole-punched when a reservation would pass the capacity or
-  // the disk is full, and at restart.
+  // the disk is full; a restart keeps the unused groups whose blocks are all written, up to this.
   uint64_t keep_empty_bytes = 1u << 30;
   double evict_high_water = 0.95;  // of capacity (live slot bytes), for maintain()
   double evict_low_water = 0.90;

@@ -337,4 +337,9 @@ Result<uint64_t> DataFiles::size(int file) const {
   return static_cast<uint64_t>(st.st_size);
 }
 
+bool DataFiles::all_written(int file, uint64_t offset, uint64_t length) const {
+  const off_t hole = ::lseek(files_[file].fd, static_cast<off_t>(offset), SEEK_HOLE);
+  return hole >= 0 && static_cast<uint64_t>(hole) >= offset + length;
+}
+
 }  // namespace fathom::storage

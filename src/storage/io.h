@@ -69,6 +69,10 @@ class DataFiles {
   Status allocate(int file, uint64_t offset, uint64_t length);  // fallocate (ENOSPC: exhausted)
   Status punch(int file, uint64_t offset, uint64_t length);     // release the blocks of a range
   Result<uint64_t> size(int file) const;
+  // Whether every block of [offset, offset + length) holds written data (no hole, and on ext4 no
+  // allocated-but-unwritten extent: SEEK_HOLE reports those as holes). False where SEEK_HOLE is
+  // unsupported.
+  bool all_written(int file, uint64_t offset, uint64_t length) const;
   const std::string& path(int file) const { return files_[file].path; }
 
   IoBackend backend() const { return backend_; }
