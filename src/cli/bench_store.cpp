@@ -432,6 +432,17 @@ void print_report(const Options& o, const Report& r, uint64_t bs, uint64_t qd, c
       100 * r.get_fraction());
   std::printf("  4K random get %8.0f IOPS  p50 %.2f ms p99 %.2f ms | fio %8.0f IOPS -> %.0f%%\n",
               r.rand4k.iops(), r.rand4k.p50_ms, r.rand4k.p99_ms, r.fio_rand.iops, 100 * r.iops_fraction());
+  // Round 1 writes fresh space on both sides; later rounds reuse it (fio its file, the server the
+  // groups it keeps), so the rounds show the two cases apart.
+  if (r.rounds.size() > 1) {
+    std::printf("  per round, GB/s ours / fio: put");
+    for (const auto& x : r.rounds)
+      std::printf(" %.2f/%.2f", x["put_gbs"].get<double>(), x["fio_write_gbs"].get<double>());
+    std::printf(", get");
+    for (const auto& x : r.rounds)
+      std::printf(" %.2f/%.2f", x["get_gbs"].get<double>(), x["fio_read_gbs"].get<double>());
+    std::printf("\n");
+  }
   for (const FioResult* f : {&r.fio_write, &r.fio_read, &r.fio_rand}) {
     if (!f->status.ok()) std::printf("  fio: %s\n", f->status.to_string().c_str());
   }
