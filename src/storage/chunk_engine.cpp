@@ -135,7 +135,6 @@ Status ChunkEngine::rebuild() {
 Status ChunkEngine::reclaim_orphans() {
   std::lock_guard lock(mu_);
   const auto& classes = alloc_->classes();
-  uint64_t kept = 0;
   for (size_t cls = 0; cls < classes.size(); ++cls) {
     const std::string name = fmt::format("class{:02}_{}.dat", cls, classes[cls].slot_bytes);
     if (class_files_[cls] < 0 && !path_exists(params_.dir + "/data/" + name)) continue;  // never used
@@ -155,11 +154,9 @@ Status ChunkEngine::reclaim_orphans() {
     for (uint64_t g = 0; g * gb < size; ++g) {
       const auto group = static_cast<uint32_t>(g);
       bool keep = alloc_->group_reserved(static_cast<int>(cls), group);
-      if (!keep && (g + 1) * gb <= size && kept + gb <= params_.keep_empty_bytes &&
-          (params_.capacity_bytes == 0 || alloc_->reserved_bytes() + gb <= params_.capacity_bytes) &&
-          files_->all_written(*existing, g * gb, gb)) {
-        alloc_->add_group(static_cast<int>(cls), group);
-        kept += gb;
+      if (!keep && (g + 1) * gb <= size && alloc_->empty_bytes() + gb <= params_.keep_empty_bytes &&
+          capacity_short_by_locked(gb) == 0 && files_->all_written(*existing, g * gb, gb)) {
+        alloc_->add_group(static_cast<int>(cls), group);  // empty: counts in empty_bytes()
         keep = true;
       }
       if (keep) {
@@ -170,10 +167,10 @@ Status ChunkEngine::reclaim_orphans() {
     }
     if (start != UINT64_MAX && start < size) TRY(punch_run(size));
   }
-  if (orphan_bytes_reclaimed_ > 0 || kept > 0) {
+  if (orphan_bytes_reclaimed_ > 0 || alloc_->empty_bytes() > 0) {
     log_info(
         "storage target '{}': {} bytes of data-file space outside live groups released, {} kept for new puts",
-        params_.dir, orphan_bytes_reclaimed_, kept);
+        params_.dir, orphan_bytes_reclaimed_, alloc_->empty_bytes());
   }
   return {};
 }
@@ -255,6 +252,11 @@ uint64_t ChunkEngine::release_empty_groups_locked(uint64_t bytes) {
   return released;
 }
 
+uint64_t ChunkEngine::capacity_short_by_locked(uint64_t bytes) const {
+  const uint64_t need = alloc_->reserved_bytes() + bytes, cap = params_.capacity_bytes;
+  return cap > 0 && need > cap ? need - cap : 0;
+}
+
 Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
   if (auto s = alloc_->allocate(cls)) {
     *slot = *s;
@@ -263,13 +265,12 @@ Status ChunkEngine::reserve_slot(int cls, Slot* slot) {
   // No free slot of this class, so none of its groups is empty; kept groups of other classes
   // give their space back first when the capacity or the disk is short.
   const uint64_t gb = alloc_->classes()[cls].group_bytes();
-  const uint64_t cap = params_.capacity_bytes;
-  if (cap > 0 && alloc_->reserved_bytes() + gb > cap)
-    release_empty_groups_locked(alloc_->reserved_bytes() + gb - cap);
-  if (cap > 0 && alloc_->reserved_bytes() + gb > cap) {
+  if (const uint64_t short_by = capacity_short_by_locked(gb); short_by > 0)
+    release_empty_groups_locked(short_by);
+  if (capacity_short_by_locked(gb) > 0) {
     return resource_exhausted(
         "storage target {} ('{}') is full: {} of {} bytes reserved, a {}-byte group needed", target_id_,
-        params_.dir, alloc_->reserved_bytes(), cap, gb);
+        params_.dir, alloc_->reserved_bytes(), params_.capacity_bytes, gb);
   }
   const uint32_t g = alloc_->next_group(cls);
   const int file = TRY(class_file(cls));

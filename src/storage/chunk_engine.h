@@ -204,8 +204,11 @@ class ChunkEngine {
   Status allocate_with_eviction(int cls, Slot* slot);
   void free_slot_locked(const Slot& slot);
   void release_slot_locked(const Slot& slot);
-  void release_group_locked(int cls, uint32_t group);    // hole-punches an empty group
-  uint64_t release_empty_groups_locked(uint64_t bytes);  // at least `bytes` of them, or all; returns bytes
+  void release_group_locked(int cls, uint32_t group);  // hole-punches an empty group
+  // Hole-punches empty groups: at least `bytes` of them, or all; returns the bytes released.
+  uint64_t release_empty_groups_locked(uint64_t bytes);
+  // How far reserving `bytes` more would pass the capacity (0: it fits, or there is no cap).
+  uint64_t capacity_short_by_locked(uint64_t bytes) const;
   void write_data_and_commit(std::span<const WriteItem> items, std::vector<CommitOp>& ops,
                              const std::vector<Slot>& slots, std::vector<IoOp>& io,
                              const std::vector<size_t>& io_item, std::vector<bool>& active,
