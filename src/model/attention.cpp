@@ -65,6 +65,11 @@ void prefill_attention_rows_scalar(const PrefillAttentionParams& p, int h, int64
 
 void prefill_attention_block(const PrefillAttentionParams& p, ThreadPool& pool) {
   if (p.n_q == 0 || p.n_k == 0) return;
+  if (p.bf16_operands && simd_level() >= SimdLevel::kAvx512Bf16 && amx_bf16_usable() &&
+      internal::prefill_attention_amx_ok(p)) {
+    internal::prefill_attention_amx(p, pool);
+    return;
+  }
   constexpr int64_t kRowsPerTask = 32;
   const int64_t q_tiles = (p.n_q + kRowsPerTask - 1) / kRowsPerTask;
   const bool avx512 = simd_level() >= SimdLevel::kAvx512 && p.d_v % 16 == 0;

@@ -10,7 +10,10 @@
 //   v      [n_k, heads * d_v]
 //   state  m, l [n_q, heads]; acc [n_q, heads, d_v] (init with attention_state_init)
 // AVX-512 path (register-blocked QK and PV over 32 rows x 64 keys, attention_avx512.cpp) and a
-// scalar path, chosen by simd_level(); both f32 with the exp of kernels/ops.h.
+// scalar path, chosen by simd_level(); both f32 with the exp of kernels/ops.h. Where the caller
+// allows bf16 operands (bf16_operands: its weights are BF16, FP8 or quantised, so its activations
+// are rounded at least that much already) and the CPU has AMX, both products run on the tiles
+// (attention_amx_avx512bf16.cpp) with Q, K, V and P rounded to bf16 and fp32 accumulation.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,7 @@ struct PrefillAttentionParams {
   float* m = nullptr;
   float* l = nullptr;
   float* acc = nullptr;
+  bool bf16_operands = false;  // Q, K, V and P may be rounded to bf16 (AMX tiles where available)
 };
 
 void attention_state_init(int64_t n_q, int heads, int d_v, float* m, float* l, float* acc);
@@ -45,6 +49,9 @@ namespace internal {
 // Rows [q_begin, q_end) of head h: the per-ISA inner loops.
 void prefill_attention_rows_scalar(const PrefillAttentionParams& p, int h, int64_t q_begin, int64_t q_end);
 void prefill_attention_rows_avx512(const PrefillAttentionParams& p, int h, int64_t q_begin, int64_t q_end);
+// The AMX path over all heads and rows of a key block (needs amx_bf16_usable()).
+bool prefill_attention_amx_ok(const PrefillAttentionParams& p);
+void prefill_attention_amx(const PrefillAttentionParams& p, ThreadPool& pool);
 }  // namespace internal
 
 }  // namespace fathom

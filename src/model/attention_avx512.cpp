@@ -16,13 +16,14 @@
 
 #include "kernels/ops.h"
 #include "model/attention.h"
+#include "model/attention_softmax_impl.h"
 #include "tensor/tensor.h"
 
 namespace fathom::internal {
 namespace {
 
-constexpr int kRows = 32;  // rows per block: two 16-lane vectors
-constexpr int kKeys = 64;  // keys per softmax step
+constexpr int kRows = kAttnRows;
+constexpr int kKeys = kAttnKeys;
 constexpr int kQkKeys = 8;
 
 struct Block {
@@ -117,7 +118,6 @@ constexpr std::array<std::array<PvFn, 4>, 4> kPv = {pv_row<1>(), pv_row<2>(), pv
 
 void attend_block(const Block& b, int64_t keys) {
   const PrefillAttentionParams& p = *b.p;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   const int rv = (b.rows + 15) / 16;
   // Row state in lanes; padding lanes start at m = 0, l = 0 and are never stored.
   alignas(64) float m[kRows], l[kRows], alpha[kRows] = {};
@@ -128,7 +128,6 @@ void attend_block(const Block& b, int64_t keys) {
     l[r] = real ? p.l[(b.i0 + r) * p.heads + b.h] : 0.0f;
     pos[r] = static_cast<int32_t>(p.q_pos0 + b.i0 + r);
   }
-  const __m512 scale = _mm512_set1_ps(p.scale);
   for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeys, keys - j0));
     for (int j = 0; j < nk; j += kQkKeys) {
@@ -139,42 +138,8 @@ void attend_block(const Block& b, int64_t keys) {
         qk_tile<2>(b, j0 + j, n, b.st + j * kRows);
       }
     }
-    // Scale, hide keys after each row's position, and the online softmax update.
-    for (int v = 0; v < rv; ++v) {
-      const __m512i vpos = _mm512_load_si512(pos + 16 * v);
-      __m512 mx = _mm512_set1_ps(neg_inf);
-      for (int j = 0; j < nk; ++j) {
-        float* s = b.st + j * kRows + 16 * v;
-        const __mmask16 seen =
-            _mm512_cmpge_epi32_mask(vpos, _mm512_set1_epi32(static_cast<int32_t>(p.k0 + j0 + j)));
-        const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(neg_inf), seen, _mm512_load_ps(s), scale);
-        _mm512_store_ps(s, x);
-        mx = _mm512_max_ps(mx, x);
-      }
-      const __m512 m_old = _mm512_load_ps(m + 16 * v);
-      const __m512 m_new = _mm512_max_ps(m_old, mx);
-      // A row that has seen no key yet keeps m = -inf: exponents are then taken against 0.
-      const __m512 m_safe =
-          _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(neg_inf), _CMP_EQ_OQ),
-                             _mm512_setzero_ps());
-      _mm512_store_ps(alpha + 16 * v, _mm512_sub_ps(m_old, m_safe));
-      _mm512_store_ps(m + 16 * v, m_new);
-      for (int j = 0; j < nk; ++j) {
-        float* s = b.st + j * kRows + 16 * v;
-        _mm512_store_ps(s, _mm512_sub_ps(_mm512_load_ps(s), m_safe));
-      }
-    }
-    if (rv == 1) {  // the unused upper half of each row of S^T: exp of garbage is never read
-      for (int j = 0; j < nk; ++j) _mm512_store_ps(b.st + j * kRows + 16, _mm512_setzero_ps());
-    }
-    exp_f32(b.st, b.st, int64_t{nk} * kRows);
-    exp_f32(alpha, alpha, kRows);
-    for (int v = 0; v < rv; ++v) {
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < nk; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(b.st + j * kRows + 16 * v));
-      _mm512_store_ps(l + 16 * v,
-                      _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v), _mm512_load_ps(alpha + 16 * v), sum));
-    }
+    attention_softmax_exp(b.st, nk, rv, pos, m, alpha, p.k0 + j0, p.scale);
+    attention_softmax_sum(b.st, nk, rv, alpha, l);
     const int n_cb = p.d_v / 16;
     for (int r0 = 0; r0 < b.rows; r0 += 4) {
       const int nr = std::min(4, b.rows - r0);

@@ -81,7 +81,7 @@ std::vector<double> reference(const Case& c, const Inputs& in, float scale) {
 }
 
 // Folds the keys in blocks of key_block through prefill_attention_block.
-std::vector<float> run(const Case& c, const Inputs& in, float scale) {
+std::vector<float> run(const Case& c, const Inputs& in, float scale, bool bf16_operands = false) {
   std::vector<float> m(static_cast<size_t>(c.n_q * c.heads)), l(m.size()),
       acc(static_cast<size_t>(c.n_q * c.heads * c.d_v)), out(acc.size());
   attention_state_init(c.n_q, c.heads, c.d_v, m.data(), l.data(), acc.data());
@@ -98,6 +98,7 @@ std::vector<float> run(const Case& c, const Inputs& in, float scale) {
     p.k_pe_stride = c.d_rope + 3;
     p.v = in.v.data() + k0 * c.heads * c.d_v;
     p.scale = scale;
+    p.bf16_operands = bf16_operands;
     p.m = m.data(), p.l = l.data(), p.acc = acc.data();
     prefill_attention_block(p, default_pool());
   }
@@ -185,6 +186,77 @@ TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
     const int dq = c.d_nope + c.d_rope;
     sin.q.assign(in.q.begin() + skip * c.heads * dq, in.q.end());
     const std::vector<float> part = run(s, sin, scale);
+    for (size_t i = 0; i < part.size(); ++i)
+      ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
+          << "n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block << " element " << i;
+  }
+}
+
+// With bf16 operands allowed, CPUs with AMX run both products on tiles with Q, K, V and P rounded
+// to bf16: the error against the float64 reference is then that rounding's (bf16 keeps 8 bits,
+// so ~2^-9 per operand; 1e-2 of the largest output). Also checked: the f32 paths are unchanged
+// by the flag where AMX is off, and rows past a block's last visible key, key blocks shorter
+// than a tile, odd numbers of 16-key and 16-column tiles and widths that are not multiples of 32.
+TEST(PrefillAttention, AmxTilesMatchTheFloat64ReferenceWithinBf16Rounding) {
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
+  Rng rng(printed_seed());
+  const Case fixed[] = {
+      {4, 128, 64, 128, 70, 0, 70, 1024},        // V2-Lite head shape, one key block, a row tail
+      {2, 128, 64, 128, 33, 40, 73, 32},         // a cached prefix, blocks smaller than the rows
+      {3, 16, 16, 48, 5, 0, 5, 1024},            // the tiny shapes, three 16-column tiles
+      {1, 32, 0, 16, 17, 100, 117, 50},          // no rope part
+      {2, 64, 32, 64, 1, 200, 201, 64},          // one query row at the end of a long context
+      {8, 32, 32, 32, 362, 512, 874, 1024},      // the tiny preset, a second prefill chunk
+      {16, 128, 64, 128, 512, 512, 1024, 1024},  // V2-Lite heads, a 512-token chunk after 512
+  };
+  std::vector<Case> cases(std::begin(fixed), std::end(fixed));
+  for (int r = 0; r < 12; ++r) {
+    Case c;
+    c.heads = 1 + static_cast<int>(rng.below(4));
+    c.d_nope = 16 * (1 + static_cast<int>(rng.below(8)));
+    c.d_rope = 8 * static_cast<int>(rng.below(9));
+    c.d_v = 16 * (1 + static_cast<int>(rng.below(8)));
+    c.n_q = 1 + static_cast<int64_t>(rng.below(100));
+    c.q_pos0 = static_cast<int64_t>(rng.below(150));
+    c.n_keys = c.q_pos0 + c.n_q;
+    c.key_block = 1 + static_cast<int64_t>(rng.below(200));
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
+    const Inputs in = random_inputs(rng, c);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d_nope + c.d_rope));
+    const std::vector<double> want = reference(c, in, scale);
+    const double err = max_rel_err(run(c, in, scale, true), want);
+    EXPECT_LT(err, 1e-2) << "heads " << c.heads << " d_nope " << c.d_nope << " d_rope " << c.d_rope << " d_v "
+                         << c.d_v << " n_q " << c.n_q << " q_pos0 " << c.q_pos0 << " key_block "
+                         << c.key_block;
+    EXPECT_GT(err, 1e-6) << "the tiles' bf16 rounding should show (the f32 path ran?)";
+    set_amx_enabled(false);  // without AMX the flag changes nothing: the f32 paths' accuracy
+    EXPECT_LT(max_rel_err(run(c, in, scale, true), want), 2e-5);
+    set_amx_enabled(true);
+  }
+}
+
+// The tiles keep a row's result independent of the other rows of the call, bit for bit.
+TEST(PrefillAttention, AmxRowsDoNotDependOnTheOtherRowsOfTheCall) {
+  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
+  Rng rng(printed_seed());
+  for (int rep = 0; rep < 12; ++rep) {
+    Case c{1 + static_cast<int>(rng.below(3)),       32, 16, 48,
+           2 + static_cast<int64_t>(rng.below(150)), 0,  0,  1 + static_cast<int64_t>(rng.below(300))};
+    if (rep == 0) c = Case{8, 32, 32, 32, 874, 0, 874, 1024};
+    c.n_keys = c.n_q;
+    const Inputs in = random_inputs(rng, c);
+    const std::vector<float> all = run(c, in, 0.125f, true);
+    int64_t skip = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.n_q - 1)));
+    if (rep == 0) skip = 832;
+    Case s = c;
+    s.n_q = c.n_q - skip;
+    s.q_pos0 = skip;
+    Inputs sin = in;
+    const int dq = c.d_nope + c.d_rope;
+    sin.q.assign(in.q.begin() + skip * c.heads * dq, in.q.end());
+    const std::vector<float> part = run(s, sin, 0.125f, true);
     for (size_t i = 0; i < part.size(); ++i)
       ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
           << "n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block << " element " << i;

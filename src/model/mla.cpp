@@ -201,6 +201,8 @@ Status Model::Impl::attention_naive(const LayerWeights& L, int64_t layer, const 
     p.m = s.att_m.data();
     p.l = s.att_l.data();
     p.acc = s.att_acc.data();
+    // BF16 and FP8 linears round their activations to bf16 already (docs/model.md)
+    p.bf16_operands = L.o.dtype == DType::kBF16 || L.o.dtype == DType::kF8E4M3;
     prefill_attention_block(p, pool);
     stats.attention_flops += 2.0 * static_cast<double>(n * kb * H) * static_cast<double>(qk + vd);
     stats.kv_bytes += static_cast<double>(kb) * static_cast<double>(cache.format().token_bytes());

@@ -159,7 +159,12 @@ struct LayerContext {
   MlaKvDType kv_dtype = MlaKvDType::kBF16;
   const RoutingTrace* routing = nullptr;
   ReferenceResult* result = nullptr;
+  bool bf16_attention = false;
 };
+
+double round_bf16(double x) {
+  return bf16_to_f32(f32_to_bf16(static_cast<float>(x)));
+}
 
 void layer(const ModelWeights& w, const LayerWeights& L, Vec& x, int64_t n, int64_t pos0, const LayerContext& lc) {
   const MlaKvDType kv_dtype = lc.kv_dtype;
@@ -196,20 +201,29 @@ void layer(const ModelWeights& w, const LayerWeights& L, Vec& x, int64_t n, int6
   // Naive MLA: K_nope and V decompressed from the stored latents.
   Vec lat(static_cast<size_t>(n * kvl));
   for (int64_t t = 0; t < n; ++t) std::copy(kv.begin() + t * kvw, kv.begin() + t * kvw + kvl, lat.begin() + t * kvl);
-  const Vec kn = linear(L.w_k, lat, n), vv = linear(L.w_v, lat, n);
+  Vec kn = linear(L.w_k, lat, n), vv = linear(L.w_v, lat, n);
+  Vec qa = q, kpe = kv;  // the attention's operands (rounded like the tiles' when asked)
+  if (lc.bf16_attention) {
+    for (auto* v : {&kn, &vv, &qa, &kpe})
+      for (double& e : *v) e = round_bf16(e);
+  }
   Vec att(static_cast<size_t>(n * H * vd), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t i = 0; i < n; ++i) {
       Vec s(static_cast<size_t>(i + 1));
       for (int64_t j = 0; j <= i; ++j) {
         double dot = 0;
-        for (int64_t d = 0; d < nope; ++d) dot += q[static_cast<size_t>((i * H + h) * qk + d)] * kn[static_cast<size_t>(j * H * nope + h * nope + d)];
-        for (int64_t d = 0; d < rd; ++d) dot += q[static_cast<size_t>((i * H + h) * qk + nope + d)] * kv[static_cast<size_t>(j * kvw + kvl + d)];
+        for (int64_t d = 0; d < nope; ++d)
+          dot += qa[static_cast<size_t>((i * H + h) * qk + d)] *
+                 kn[static_cast<size_t>(j * H * nope + h * nope + d)];
+        for (int64_t d = 0; d < rd; ++d)
+          dot += qa[static_cast<size_t>((i * H + h) * qk + nope + d)] *
+                 kpe[static_cast<size_t>(j * kvw + kvl + d)];
         s[static_cast<size_t>(j)] = dot * scale;
       }
       const double mx = *std::max_element(s.begin(), s.end());
       double sum = 0;
-      for (auto& v : s) sum += v = std::exp(v - mx);
+      for (auto& v : s) sum += v = lc.bf16_attention ? round_bf16(std::exp(v - mx)) : std::exp(v - mx);
       for (int64_t j = 0; j <= i; ++j) {
         for (int64_t d = 0; d < vd; ++d) {
           att[static_cast<size_t>(i * H * vd + h * vd + d)] += s[static_cast<size_t>(j)] / sum * vv[static_cast<size_t>(j * H * vd + h * vd + d)];
@@ -279,7 +293,8 @@ Result<ReferenceResult> reference_forward(const ModelWeights& w, std::span<const
   Vec x = embed(w, tokens);
   ReferenceResult r;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    layer(w, w.layers[static_cast<size_t>(l)], x, n, 0, LayerContext{l, options.kv_dtype, options.routing, &r});
+    layer(w, w.layers[static_cast<size_t>(l)], x, n, 0,
+          LayerContext{l, options.kv_dtype, options.routing, &r, options.bf16_attention});
   }
   r.hidden = x;
   rms_norm(r.hidden, n, hd, hd, vector_of(w.final_norm), c.rms_norm_eps);
@@ -296,7 +311,8 @@ Result<ReferenceResult> reference_forward(const ModelWeights& w, std::span<const
       std::copy(h.begin() + t * hd, h.begin() + (t + 1) * hd, cat.begin() + t * 2 * hd + hd);
     }
     Vec y = linear(L.eh_proj, cat, n - 1);
-    layer(w, L, y, n - 1, 0, LayerContext{c.num_hidden_layers, options.kv_dtype, options.routing, &r});
+    layer(w, L, y, n - 1, 0,
+          LayerContext{c.num_hidden_layers, options.kv_dtype, options.routing, &r, options.bf16_attention});
     rms_norm(y, n - 1, hd, hd, vector_of(L.head_norm), c.rms_norm_eps);
     r.mtp_logits = linear(w.head, y, n - 1);
   }

@@ -22,6 +22,9 @@ struct ReferenceOptions {
   // Use these experts (a fast run's recorded routing) instead of the reference's own top-k; the
   // gate weights are still the reference's. Disagreements are counted.
   const RoutingTrace* routing = nullptr;
+  // Model the prefill attention of BF16/FP8 models on AMX tiles (PrefillAttentionParams::
+  // bf16_operands): q, K, V and the unnormalised probabilities rounded to bf16, sums in double.
+  bool bf16_attention = false;
 };
 
 struct ReferenceResult {
