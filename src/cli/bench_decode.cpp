@@ -28,7 +28,7 @@ namespace {
 
 int run_bench_decode(int argc, char** argv) {
   std::string model_path, kv = "bf16";
-  int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1, probe_every = 8;
+  int64_t prompt_tokens = 512, gen_tokens = 64, seed = 1, probe_every = 8, prefill_chunk = 512;
   bool json_out = false;
   Args args(argv[0], "Prefill and decode speed of a model, as fractions of this machine's measured roofline.");
   args.usage("--model PATH [--prompt-tokens N] [--gen-tokens N] [--json]");
@@ -36,6 +36,8 @@ int run_bench_decode(int argc, char** argv) {
   args.model_load_options();
   args.option("--prompt-tokens", &prompt_tokens, "prompt length (random token ids)");
   args.option("--gen-tokens", &gen_tokens, "tokens to decode (greedy)");
+  args.option("--prefill-chunk", &prefill_chunk,
+              "prompt tokens per forward call (as fathom serve's --prefill-chunk)");
   args.option("--kv-dtype", &kv, "bf16 or fp8 latent cache", "DTYPE");
   args.option("--seed", &seed, "seed of the random prompt");
   args.option("--probe-every", &probe_every,
@@ -46,13 +48,14 @@ int run_bench_decode(int argc, char** argv) {
   if (!*parsed) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1) return fail(args.command(), invalid_argument("token counts must be positive"));
   if (probe_every < 0) return fail(args.command(), invalid_argument("--probe-every must be >= 0"));
+  if (prefill_chunk < 1) return fail(args.command(), invalid_argument("--prefill-chunk must be >= 1"));
   auto kv_dtype = parse_mla_kv_dtype(kv);
   if (!kv_dtype.ok()) return fail(args.command(), kv_dtype.status());
   ThreadPool& pool = default_pool();
   const MemoryBandwidth bw_before = measure_memory_bandwidth(pool);
   const PeakCompute peak = measure_peak_compute(pool);
   ModelOptions mo;
-  mo.max_batch_tokens = std::min<int64_t>(std::max<int64_t>(prompt_tokens, 1), 512);
+  mo.max_batch_tokens = std::min(prompt_tokens, prefill_chunk);
   auto loaded = Model::load(model_path, mo);
   if (!loaded.ok()) return fail(args.command(), loaded.status());
   Model& model = **loaded;
@@ -144,38 +147,40 @@ int run_bench_decode(int argc, char** argv) {
   const double peak_g = (peak_before + peak_after) / 2;
   const double prefill_fraction = (prefill_flops / (peak_g * 1e9)) / prefill_s;
   if (json_out) {
-    nlohmann::json j = {{"model", model_path},
-                        {"weights_dtype", dtype_name(wdt)},
-                        {"kv_dtype", kv},
-                        {"threads", pool.size()},
-                        {"prompt_tokens", prompt_tokens},
-                        {"gen_tokens", gen_tokens},
-                        {"prefill_seconds", prefill_s},
-                        {"prefill_tokens_per_s", static_cast<double>(prompt_tokens) / prefill_s},
-                        {"prefill_flops", prefill_flops},
-                        {"prefill_weight_bytes", prefill_bytes},
-                        {"decode_seconds", decode_s},
-                        {"decode_tokens_per_s", static_cast<double>(gen_tokens) / decode_s},
-                        {"decode_bytes_per_token", bytes_per_token},
-                        {"decode_flops_per_token", decode_flops / static_cast<double>(gen_tokens)},
-                        {"bandwidth_gbs", bw_gbs},
-                        {"bandwidth_samples_gbs", samples},
-                        {"bandwidth_before_gbs", bw_before.read_gbs},
-                        {"bandwidth_after_gbs", bw_after.read_gbs},
-                        {"decode_roofline_fraction_outer", (bytes_per_token / (bw_outer.read_gbs * 1e9)) / s_per_token},
-                        {"peak_arithmetic", arith},
-                        {"peak_gflops", peak_g},
-                        {"peak_before_prefill_gflops", peak_before},
-                        {"peak_after_prefill_gflops", peak_after},
-                        {"peak_at_start_gflops", peak_start},
-                        {"peak_bf16_gflops", peak.bf16_gflops},
-                        {"peak_amx_bf16_gflops", peak.amx_bf16_gflops},
-                        {"peak_int8_gops", peak.int8_gops},
-                        {"peak_f32_gflops", peak.f32_gflops},
-                        {"decode_roofline_fraction", decode_fraction},
-                        {"prefill_roofline_fraction", prefill_fraction},
-                        {"checkpoint_bytes", model.checkpoint_bytes()},
-                        {"repacked_bytes", model.repacked_bytes()}};
+    nlohmann::json j = {
+        {"model", model_path},
+        {"weights_dtype", dtype_name(wdt)},
+        {"kv_dtype", kv},
+        {"threads", pool.size()},
+        {"prompt_tokens", prompt_tokens},
+        {"prefill_chunk", mo.max_batch_tokens},
+        {"gen_tokens", gen_tokens},
+        {"prefill_seconds", prefill_s},
+        {"prefill_tokens_per_s", static_cast<double>(prompt_tokens) / prefill_s},
+        {"prefill_flops", prefill_flops},
+        {"prefill_weight_bytes", prefill_bytes},
+        {"decode_seconds", decode_s},
+        {"decode_tokens_per_s", static_cast<double>(gen_tokens) / decode_s},
+        {"decode_bytes_per_token", bytes_per_token},
+        {"decode_flops_per_token", decode_flops / static_cast<double>(gen_tokens)},
+        {"bandwidth_gbs", bw_gbs},
+        {"bandwidth_samples_gbs", samples},
+        {"bandwidth_before_gbs", bw_before.read_gbs},
+        {"bandwidth_after_gbs", bw_after.read_gbs},
+        {"decode_roofline_fraction_outer", (bytes_per_token / (bw_outer.read_gbs * 1e9)) / s_per_token},
+        {"peak_arithmetic", arith},
+        {"peak_gflops", peak_g},
+        {"peak_before_prefill_gflops", peak_before},
+        {"peak_after_prefill_gflops", peak_after},
+        {"peak_at_start_gflops", peak_start},
+        {"peak_bf16_gflops", peak.bf16_gflops},
+        {"peak_amx_bf16_gflops", peak.amx_bf16_gflops},
+        {"peak_int8_gops", peak.int8_gops},
+        {"peak_f32_gflops", peak.f32_gflops},
+        {"decode_roofline_fraction", decode_fraction},
+        {"prefill_roofline_fraction", prefill_fraction},
+        {"checkpoint_bytes", model.checkpoint_bytes()},
+        {"repacked_bytes", model.repacked_bytes()}};
     print_json_line(j.dump());
     return 0;
   }
