@@ -35,6 +35,7 @@ struct BenchServeOptions {
   int64_t prefix_tokens = 4096;
   int64_t prefix_repeats = 1;
   int64_t prefill_chunk = 512;
+  int64_t prefill_chunk_idle = EngineOptions{}.prefill_chunk_idle;
   std::string kv_dtype = "bf16";
   std::optional<double> kv_cache_gb;
   bool speculative = false;
@@ -67,6 +68,8 @@ Status validate(BenchServeOptions& o) {
     return invalid_argument("--prefix-repeats {} is outside 1..100", o.prefix_repeats);
   }
   if (o.prefill_chunk < 1) return invalid_argument("--prefill-chunk {} must be at least 1", o.prefill_chunk);
+  if (o.prefill_chunk_idle < 0)
+    return invalid_argument("--prefill-chunk-idle {} must be 0 (off) or positive", o.prefill_chunk_idle);
   if (o.kv_cache_gb && !(*o.kv_cache_gb > 0)) return invalid_argument("--kv-cache-gb must be positive");
   if (o.url.empty() && (!o.api_key.empty() || o.served_model != "default")) {
     return invalid_argument("--api-key and --served-model apply to a server: give its --url");
@@ -228,12 +231,13 @@ Status start_engine(const BenchServeOptions& o, Setup& s) {
   const MlaKvDType kv = TRY(parse_mla_kv_dtype(o.kv_dtype));
   ModelOptions mo;
   mo.max_sequences = max_c + 1;
-  mo.max_batch_tokens = o.prefill_chunk + 2 * max_c;
+  mo.max_batch_tokens = std::max(o.prefill_chunk, o.prefill_chunk_idle) + 2 * max_c;
   s.model = TRY(Model::load(o.model, mo));
   TRY(check_context(o, *s.model));
   EngineOptions eo;
   eo.max_running = static_cast<int>(max_c);
   eo.prefill_chunk = o.prefill_chunk;
+  eo.prefill_chunk_idle = o.prefill_chunk_idle;
   eo.max_waiting = static_cast<int>(max_c) + 8;
   eo.kv_dtype = kv;
   eo.kv_cache_bytes = o.kv_cache_gb ? static_cast<uint64_t>(*o.kv_cache_gb * double(uint64_t{1} << 30))
@@ -355,6 +359,7 @@ nlohmann::json result_json(const BenchServeOptions& o, const Setup& s, const Res
               {"kv_dtype", o.kv_dtype},
               {"threads", default_pool().size()},
               {"prefill_chunk", o.prefill_chunk},
+              {"prefill_chunk_idle", o.prefill_chunk_idle},
               {"speculative", o.speculative && s.model->has_mtp()},
               {"bandwidth_gbs", s.bw.read_gbs},
               {"bandwidth_before_gbs", s.bw_before.read_gbs},
@@ -424,6 +429,8 @@ void add_options(Args& args, BenchServeOptions& o) {
   args.option("--prefix-tokens", &o.prefix_tokens, "cached prefix of the prefix-cache case (0 skips it)");
   args.option("--prefix-repeats", &o.prefix_repeats, "uncached/cached pairs in the prefix case (medians)");
   args.option("--prefill-chunk", &o.prefill_chunk, "prefill tokens per engine step (chunked prefill)");
+  args.option("--prefill-chunk-idle", &o.prefill_chunk_idle,
+              "prefill tokens per step while no stream is decoding (0: --prefill-chunk)");
   args.option("--kv-dtype", &o.kv_dtype, "bf16 or fp8 latent cache", "DTYPE");
   args.option("--kv-cache-gb", &o.kv_cache_gb, "KV cache size (default: sized for the workload)", "G");
   args.flag("--speculative", &o.speculative, "draft with the checkpoint's MTP module (off: random weights)");

@@ -63,6 +63,8 @@ int run_serve(int argc, char** argv) {
   args.option("--api-key", &so.api_key, "require 'Authorization: Bearer KEY' on every route but /health", "KEY");
   args.option("--max-batch", &eo.max_running, "sequences decoding at once");
   args.option("--prefill-chunk", &eo.prefill_chunk, "prefill tokens per step (chunked prefill)");
+  args.option("--prefill-chunk-idle", &eo.prefill_chunk_idle,
+              "prefill tokens per step while no stream is decoding (0: --prefill-chunk)");
   args.option("--max-waiting", &eo.max_waiting, "queued requests before 429");
   args.option("--kv-cache-gb", &kv_gb, "KV cache capacity in GiB");
   args.option("--kv-dtype", &kv_dtype, "bf16 or fp8 latent cache", "DTYPE");
@@ -125,7 +127,8 @@ int run_serve(int argc, char** argv) {
   // published (no prefix cache, no store tier): leave the module out.
   mo.load_mtp = !no_spec;
   mo.max_sequences = eo.max_running + 1;
-  mo.max_batch_tokens = eo.prefill_chunk + 2 * static_cast<int64_t>(eo.max_running);
+  mo.max_batch_tokens =
+      std::max(eo.prefill_chunk, eo.prefill_chunk_idle) + 2 * static_cast<int64_t>(eo.max_running);
   auto model = Model::load(model_path, mo);
   if (!model.ok()) return fail(args.command(), model.status());
   auto engine = Engine::create(**model, eo);

@@ -207,6 +207,10 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
   if (options.max_running < 1 || options.prefill_chunk < 1 || options.max_waiting < 0) {
     return invalid_argument("engine: max_running and prefill_chunk must be positive");
   }
+  if (options.prefill_chunk_idle < 0) {
+    return invalid_argument("engine: prefill_chunk_idle must be 0 (off) or positive, got {}",
+                            options.prefill_chunk_idle);
+  }
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->options = options;
@@ -215,6 +219,8 @@ Result<std::unique_ptr<Engine>> Engine::create(Model& model, const EngineOptions
     return invalid_argument("engine: the model's max_batch_tokens {} leaves no prefill budget beside {} decoding sequences",
                             model.options().max_batch_tokens, options.max_running);
   }
+  impl->options.prefill_chunk_idle =
+      std::clamp(options.prefill_chunk_idle, impl->options.prefill_chunk, model.options().max_batch_tokens);
   if (options.max_running > model.options().max_sequences) {
     return invalid_argument("engine: max_running {} exceeds the model's max_sequences {}", options.max_running,
                             model.options().max_sequences);
@@ -640,6 +646,7 @@ bool Engine::Impl::step() {
   std::vector<Seq*> order;
   for (auto& s : running) order.push_back(s.get());
   int64_t budget = T_max;
+  bool decoding = false;  // some sequence's next token is in this step
   std::vector<SeqBatch> batch;
   batch_tokens.clear();
   std::vector<Seq*> in_batch;
@@ -663,15 +670,21 @@ bool Engine::Impl::step() {
     s->feed_begin = s->n_computed;
     s->n_feed = n;
     budget -= n;
+    decoding = true;
   }
-  // Prefill chunks within the remaining budget.
-  int64_t prefill_budget = std::min(budget, options.prefill_chunk);
+  // Prefill chunks within the remaining budget: prefill_chunk while streams are decoding (their
+  // next token waits for this step), the larger prefill_chunk_idle when none is.
+  int64_t prefill_budget = std::min(budget, decoding ? options.prefill_chunk : options.prefill_chunk_idle);
   for (Seq* s : order) {
     if (s->cache_seq < 0 || prefill_budget <= 0) continue;
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     if (remaining <= 1) continue;  // decoding (handled above)
-    const int64_t n = std::min(prefill_budget, remaining);
+    int64_t n = std::min(prefill_budget, remaining);
     auto pages = cache->pages_needed(s->cache_seq, n);
+    if (pages.ok() && *pages > cache->available_pages() && n > options.prefill_chunk) {
+      n = options.prefill_chunk;  // an idle-size chunk that does not fit: the ordinary one may
+      pages = cache->pages_needed(s->cache_seq, n);
+    }
     if (!pages.ok() || *pages > cache->available_pages()) continue;
     s->feed_begin = s->n_computed;
     s->n_feed = n;

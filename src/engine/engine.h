@@ -145,6 +145,10 @@ struct EngineStepReport {
 struct EngineOptions {
   int max_running = 32;              // sequences decoding at once
   int64_t prefill_chunk = 512;       // prefill tokens per step (chunked prefill budget)
+  // Prefill tokens per step when no sequence is decoding (no stream's inter-token latency is at
+  // stake): larger chunks read the weights, above all a MoE model's experts, fewer times per
+  // prompt. 0: prefill_chunk. Clamped to the model's max_batch_tokens.
+  int64_t prefill_chunk_idle = 2048;
   int max_waiting = 256;             // queued requests before submit() answers kResourceExhausted
   uint64_t kv_cache_bytes = uint64_t{1} << 30;
   MlaKvDType kv_dtype = MlaKvDType::kBF16;

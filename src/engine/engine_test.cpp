@@ -494,6 +494,74 @@ TEST_F(EngineTest, StepReportsAccountForEveryPromptAndDecodeToken) {
   EXPECT_EQ(decode, gen_total - static_cast<int64_t>(streams.size()));
 }
 
+// Chunked prefill: a prompt with nobody decoding goes in prefill_chunk_idle chunks (the weights,
+// a MoE model's experts above all, are read fewer times per prompt); while a stream decodes, its
+// next token waits for each step, so the chunks stay at prefill_chunk. 0 turns the idle size off.
+TEST_F(EngineTest, PrefillChunksGrowOnlyWhileNoStreamIsDecoding) {
+  auto m = load();  // max_batch_tokens 160
+  ASSERT_TRUE(m);
+  for (const int64_t idle : {int64_t{64}, int64_t{0}}) {
+    std::mutex mu;
+    std::vector<EngineStepReport> steps;
+    EngineOptions eo;
+    eo.max_running = 4;
+    eo.prefill_chunk = 16;
+    eo.prefill_chunk_idle = idle;
+    eo.prefix_cache = false;
+    eo.speculative = false;
+    eo.on_step = [&](const EngineStepReport& r) {
+      std::lock_guard lock(mu);
+      steps.push_back(r);
+    };
+    auto engine = Engine::create(*m, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    // Alone: 150 prompt tokens in chunks of 64, 64, 22 (or ten of 16 and a 6).
+    auto a = (*engine)->submit(greedy_request(prompt(150, 71), 600));
+    ASSERT_TRUE(a.ok());
+    auto first = (*a)->next(60000);  // A has its first token: it is decoding from now on
+    ASSERT_TRUE(first.has_value());
+    std::vector<int64_t> alone;  // A's prefill steps (the last one may report after its token)
+    for (int wait = 0; wait < 6000; ++wait) {
+      {
+        std::lock_guard lock(mu);
+        alone.clear();
+        int64_t sum = 0;
+        for (size_t i = 0; i < steps.size() && sum < 150; ++i) {
+          alone.push_back(steps[i].n_prefill_tokens);
+          sum += steps[i].n_prefill_tokens;
+        }
+        if (sum >= 150) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const std::vector<int64_t> want_alone = idle == 64
+                                                ? std::vector<int64_t>{64, 64, 22}
+                                                : std::vector<int64_t>{16, 16, 16, 16, 16, 16, 16, 16, 16, 6};
+    EXPECT_EQ(alone, want_alone) << "idle " << idle;
+    // B's prompt while A decodes: every step that carries A's token carries at most 16 of B's.
+    auto b = (*engine)->submit(greedy_request(prompt(100, 72), 3));
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(drain(*b).finish, FinishReason::kLength);
+    (*a)->cancel();  // A was still decoding (600 tokens): it has done its part
+    const FinishReason fa = drain(*a).finish;
+    EXPECT_TRUE(fa == FinishReason::kCancelled || fa == FinishReason::kLength);
+    engine->reset();
+    int64_t with_decode = 0, prefill_total = 0;
+    for (const EngineStepReport& r : steps) {
+      prefill_total += r.n_prefill_tokens;
+      if (r.n_decode_tokens > 0 && r.n_prefill_tokens > 0) {
+        ++with_decode;
+        EXPECT_LE(r.n_prefill_tokens, 16) << "idle " << idle;
+      }
+    }
+    EXPECT_GT(with_decode, 0) << "B's prefill never ran beside A's decoding";
+    EXPECT_EQ(prefill_total, 250);
+  }
+  EngineOptions bad;
+  bad.prefill_chunk_idle = -1;
+  EXPECT_EQ(Engine::create(*m, bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 // `bench serve --ab`: with ab_alternate the engine runs its steps on base/ab.h variants 0 and 1 in
 // turn (steps that ran nothing do not count) and reports each step's variant; without it the
 // variant is left alone.
