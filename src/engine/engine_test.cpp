@@ -120,6 +120,29 @@ class EngineTest : public testing::Test {
     }
   }
 
+  // Every step the engine reports (EngineOptions::on_step runs on the engine thread).
+  struct StepLog {
+    std::mutex mu;
+    std::vector<EngineStepReport> steps;
+    // Four sequences, no prefix cache and no speculation, reporting into this log.
+    EngineOptions options(int64_t prefill_chunk) {
+      EngineOptions eo;
+      eo.max_running = 4;
+      eo.prefill_chunk = prefill_chunk;
+      eo.prefix_cache = false;
+      eo.speculative = false;
+      eo.on_step = [this](const EngineStepReport& r) {
+        std::lock_guard lock(mu);
+        steps.push_back(r);
+      };
+      return eo;
+    }
+    std::vector<EngineStepReport> snapshot() {
+      std::lock_guard lock(mu);
+      return steps;
+    }
+  };
+
   // Four sequences, 64-token prefill chunks, 8 MiB of cache.
   static EngineOptions small_engine(bool speculative) {
     EngineOptions eo;
@@ -450,18 +473,8 @@ TEST_F(EngineTest, RejectsWhatCannotRun) {
 TEST_F(EngineTest, StepReportsAccountForEveryPromptAndDecodeToken) {
   auto m = load();
   ASSERT_TRUE(m);
-  std::mutex mu;
-  std::vector<EngineStepReport> steps;
-  EngineOptions eo;
-  eo.max_running = 4;
-  eo.prefill_chunk = 48;
-  eo.prefix_cache = false;
-  eo.speculative = false;
-  eo.on_step = [&](const EngineStepReport& r) {
-    std::lock_guard lock(mu);
-    steps.push_back(r);
-  };
-  auto engine = Engine::create(*m, eo);
+  StepLog log;
+  auto engine = Engine::create(*m, log.options(48));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   Rng rng(4242);
   int64_t prompt_total = 0, gen_total = 0;
@@ -478,7 +491,7 @@ TEST_F(EngineTest, StepReportsAccountForEveryPromptAndDecodeToken) {
   for (auto& s : streams) EXPECT_EQ(drain(s).finish, FinishReason::kLength);
   engine->reset();  // joins the engine thread: every step has been reported
   int64_t prefill = 0, decode = 0;
-  for (const EngineStepReport& r : steps) {
+  for (const EngineStepReport& r : log.snapshot()) {
     prefill += r.n_prefill_tokens;
     decode += r.n_decode_tokens;
     EXPECT_GE(r.n_seqs, 1);
@@ -501,18 +514,9 @@ TEST_F(EngineTest, PrefillChunksGrowOnlyWhileNoStreamIsDecoding) {
   auto m = load();  // max_batch_tokens 160
   ASSERT_TRUE(m);
   for (const int64_t idle : {int64_t{64}, int64_t{0}}) {
-    std::mutex mu;
-    std::vector<EngineStepReport> steps;
-    EngineOptions eo;
-    eo.max_running = 4;
-    eo.prefill_chunk = 16;
+    StepLog log;
+    EngineOptions eo = log.options(16);
     eo.prefill_chunk_idle = idle;
-    eo.prefix_cache = false;
-    eo.speculative = false;
-    eo.on_step = [&](const EngineStepReport& r) {
-      std::lock_guard lock(mu);
-      steps.push_back(r);
-    };
     auto engine = Engine::create(*m, eo);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
     // Alone: 150 prompt tokens in chunks of 64, 64, 22 (or ten of 16 and a 6).
@@ -522,16 +526,14 @@ TEST_F(EngineTest, PrefillChunksGrowOnlyWhileNoStreamIsDecoding) {
     ASSERT_TRUE(first.has_value());
     std::vector<int64_t> alone;  // A's prefill steps (the last one may report after its token)
     for (int wait = 0; wait < 6000; ++wait) {
-      {
-        std::lock_guard lock(mu);
-        alone.clear();
-        int64_t sum = 0;
-        for (size_t i = 0; i < steps.size() && sum < 150; ++i) {
-          alone.push_back(steps[i].n_prefill_tokens);
-          sum += steps[i].n_prefill_tokens;
-        }
-        if (sum >= 150) break;
+      const std::vector<EngineStepReport> steps = log.snapshot();
+      alone.clear();
+      int64_t sum = 0;
+      for (size_t i = 0; i < steps.size() && sum < 150; ++i) {
+        alone.push_back(steps[i].n_prefill_tokens);
+        sum += steps[i].n_prefill_tokens;
       }
+      if (sum >= 150) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     const std::vector<int64_t> want_alone = idle == 64
@@ -547,7 +549,7 @@ TEST_F(EngineTest, PrefillChunksGrowOnlyWhileNoStreamIsDecoding) {
     EXPECT_TRUE(fa == FinishReason::kCancelled || fa == FinishReason::kLength);
     engine->reset();
     int64_t with_decode = 0, prefill_total = 0;
-    for (const EngineStepReport& r : steps) {
+    for (const EngineStepReport& r : log.snapshot()) {
       prefill_total += r.n_prefill_tokens;
       if (r.n_decode_tokens > 0 && r.n_prefill_tokens > 0) {
         ++with_decode;

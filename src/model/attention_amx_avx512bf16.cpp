@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/simd_avx512_impl.h"
 #include "model/attention.h"
 #include "model/attention_softmax_impl.h"
 #include "tensor/tensor.h"
@@ -96,32 +97,13 @@ void convert_head(const PrefillAttentionParams& p, const Layout& lo, int h, uint
 // nk zero (a 16 x 16 transpose per 16 keys).
 void transpose_p(const float* st, int nk, int rt, uint16_t* pt) {
   for (int t0 = 0; t0 < kKeys; t0 += 16) {
-    __m512 r[16];
+    __m512i r[16];
     for (int i = 0; i < 16; ++i)
-      r[i] = t0 + i < nk ? _mm512_load_ps(st + (t0 + i) * kRows + rt * 16) : _mm512_setzero_ps();
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
-      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int i = 0; i < 4; ++i) {
-      t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-      t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-      t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-      t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 8; ++i) {
-      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
+      r[i] = t0 + i < nk ? _mm512_load_si512(st + (t0 + i) * kRows + rt * 16) : _mm512_setzero_si512();
+    matmul_internal::transpose16x16_epi32(r);
     for (int j = 0; j < 16; ++j)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pt + j * kKeys + t0), (__m256i)_mm512_cvtneps_pbh(r[j]));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pt + j * kKeys + t0),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(r[j])));
   }
 }
 

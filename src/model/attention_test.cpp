@@ -116,19 +116,18 @@ double max_rel_err(const std::vector<float>& got, const std::vector<double>& wan
   return err / mag;
 }
 
-TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
-  Rng rng(printed_seed());
-  const SimdLevel native = simd_level_supported();
-  const Case fixed[] = {
-      {4, 128, 64, 128, 70, 0, 70, 1024},   // V2-Lite head shape, one key block, a row tail
-      {2, 128, 64, 128, 33, 40, 73, 32},    // a cached prefix, blocks smaller than the rows
-      {3, 16, 16, 48, 5, 0, 5, 1024},       // the tiny shapes, d_v not a multiple of 64
-      {1, 32, 0, 16, 17, 100, 117, 50},     // no rope part
-      {2, 64, 32, 64, 1, 200, 201, 64},     // one query row at the end of a long context
-      {8, 32, 32, 32, 362, 512, 874, 1024}, // the tiny preset, a second prefill chunk
-      {8, 32, 32, 32, 42, 832, 874, 1024},  // the same rows after a cached prefix
+// Fixed shapes, `extra`, then 12 random ones: heads, widths (d_v a multiple of 16, the rope part
+// possibly empty), rows, a cached prefix and the key block size.
+std::vector<Case> shapes(Rng& rng, const Case& extra) {
+  std::vector<Case> cases = {
+      {4, 128, 64, 128, 70, 0, 70, 1024},    // V2-Lite head shape, one key block, a row tail
+      {2, 128, 64, 128, 33, 40, 73, 32},     // a cached prefix, blocks smaller than the rows
+      {3, 16, 16, 48, 5, 0, 5, 1024},        // the tiny shapes, d_v not a multiple of 32 or 64
+      {1, 32, 0, 16, 17, 100, 117, 50},      // no rope part
+      {2, 64, 32, 64, 1, 200, 201, 64},      // one query row at the end of a long context
+      {8, 32, 32, 32, 362, 512, 874, 1024},  // the tiny preset, a second prefill chunk
+      extra,
   };
-  std::vector<Case> cases(std::begin(fixed), std::end(fixed));
   for (int r = 0; r < 12; ++r) {
     Case c;
     c.heads = 1 + static_cast<int>(rng.below(4));
@@ -141,6 +140,13 @@ TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
     c.key_block = 1 + static_cast<int64_t>(rng.below(200));
     cases.push_back(c);
   }
+  return cases;
+}
+
+TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
+  Rng rng(printed_seed());
+  const SimdLevel native = simd_level_supported();
+  std::vector<Case> cases = shapes(rng, Case{8, 32, 32, 32, 42, 832, 874, 1024});  // + after a cached prefix
   for (const Case& c : cases) {
     const Inputs in = random_inputs(rng, c);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d_nope + c.d_rope));
@@ -159,7 +165,8 @@ TEST(PrefillAttention, EveryPathMatchesTheFloat64Reference) {
 
 // A row's output does not depend on the other rows of the call: a prompt whose prefix is cached
 // prefills only its suffix, and attention must not be what makes it differ from a whole prefill
-// (the first case is the tiny preset's 874-token prompt with 832 tokens cached).
+// (the first case is the tiny preset's 874-token prompt with 832 tokens cached). Bit for bit, on
+// the f32 paths and, where the CPU has AMX, on the tiles (bf16 operands).
 TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
   Rng rng(printed_seed());
   for (int rep = 0; rep < 20; ++rep) {
@@ -167,7 +174,7 @@ TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
     c.heads = 1 + static_cast<int>(rng.below(3));
     c.d_nope = 32;
     c.d_rope = 16;
-    c.d_v = 32;
+    c.d_v = 32 + 16 * static_cast<int>(rng.below(2));
     c.n_q = 2 + static_cast<int64_t>(rng.below(150));
     c.q_pos0 = 0;
     c.n_keys = c.n_q;
@@ -175,7 +182,6 @@ TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
     if (rep == 0) c = Case{8, 32, 32, 32, 874, 0, 874, 1024};
     const Inputs in = random_inputs(rng, c);
     const float scale = 0.125f;
-    const std::vector<float> all = run(c, in, scale);
     // The same keys, but only the queries from `skip` on (a cached prefix of `skip` tokens).
     int64_t skip = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.n_q - 1)));
     if (rep == 0) skip = 832;
@@ -185,10 +191,15 @@ TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
     Inputs sin = in;
     const int dq = c.d_nope + c.d_rope;
     sin.q.assign(in.q.begin() + skip * c.heads * dq, in.q.end());
-    const std::vector<float> part = run(s, sin, scale);
-    for (size_t i = 0; i < part.size(); ++i)
-      ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
-          << "n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block << " element " << i;
+    for (bool bf16 : {false, true}) {
+      if (bf16 && !amx_bf16_usable()) continue;
+      const std::vector<float> all = run(c, in, scale, bf16);
+      const std::vector<float> part = run(s, sin, scale, bf16);
+      for (size_t i = 0; i < part.size(); ++i)
+        ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
+            << "bf16 " << bf16 << " n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block
+            << " element " << i;
+    }
   }
 }
 
@@ -200,28 +211,8 @@ TEST(PrefillAttention, ARowsResultDoesNotDependOnTheOtherRowsOfTheCall) {
 TEST(PrefillAttention, AmxTilesMatchTheFloat64ReferenceWithinBf16Rounding) {
   if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
   Rng rng(printed_seed());
-  const Case fixed[] = {
-      {4, 128, 64, 128, 70, 0, 70, 1024},        // V2-Lite head shape, one key block, a row tail
-      {2, 128, 64, 128, 33, 40, 73, 32},         // a cached prefix, blocks smaller than the rows
-      {3, 16, 16, 48, 5, 0, 5, 1024},            // the tiny shapes, three 16-column tiles
-      {1, 32, 0, 16, 17, 100, 117, 50},          // no rope part
-      {2, 64, 32, 64, 1, 200, 201, 64},          // one query row at the end of a long context
-      {8, 32, 32, 32, 362, 512, 874, 1024},      // the tiny preset, a second prefill chunk
-      {16, 128, 64, 128, 512, 512, 1024, 1024},  // V2-Lite heads, a 512-token chunk after 512
-  };
-  std::vector<Case> cases(std::begin(fixed), std::end(fixed));
-  for (int r = 0; r < 12; ++r) {
-    Case c;
-    c.heads = 1 + static_cast<int>(rng.below(4));
-    c.d_nope = 16 * (1 + static_cast<int>(rng.below(8)));
-    c.d_rope = 8 * static_cast<int>(rng.below(9));
-    c.d_v = 16 * (1 + static_cast<int>(rng.below(8)));
-    c.n_q = 1 + static_cast<int64_t>(rng.below(100));
-    c.q_pos0 = static_cast<int64_t>(rng.below(150));
-    c.n_keys = c.q_pos0 + c.n_q;
-    c.key_block = 1 + static_cast<int64_t>(rng.below(200));
-    cases.push_back(c);
-  }
+  // + V2-Lite's 16 heads, a 512-token chunk after 512 (too slow for the scalar path)
+  std::vector<Case> cases = shapes(rng, Case{16, 128, 64, 128, 512, 512, 1024, 1024});
   for (const Case& c : cases) {
     const Inputs in = random_inputs(rng, c);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d_nope + c.d_rope));
@@ -234,32 +225,6 @@ TEST(PrefillAttention, AmxTilesMatchTheFloat64ReferenceWithinBf16Rounding) {
     set_amx_enabled(false);  // without AMX the flag changes nothing: the f32 paths' accuracy
     EXPECT_LT(max_rel_err(run(c, in, scale, true), want), 2e-5);
     set_amx_enabled(true);
-  }
-}
-
-// The tiles keep a row's result independent of the other rows of the call, bit for bit.
-TEST(PrefillAttention, AmxRowsDoNotDependOnTheOtherRowsOfTheCall) {
-  if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
-  Rng rng(printed_seed());
-  for (int rep = 0; rep < 12; ++rep) {
-    Case c{1 + static_cast<int>(rng.below(3)),       32, 16, 48,
-           2 + static_cast<int64_t>(rng.below(150)), 0,  0,  1 + static_cast<int64_t>(rng.below(300))};
-    if (rep == 0) c = Case{8, 32, 32, 32, 874, 0, 874, 1024};
-    c.n_keys = c.n_q;
-    const Inputs in = random_inputs(rng, c);
-    const std::vector<float> all = run(c, in, 0.125f, true);
-    int64_t skip = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.n_q - 1)));
-    if (rep == 0) skip = 832;
-    Case s = c;
-    s.n_q = c.n_q - skip;
-    s.q_pos0 = skip;
-    Inputs sin = in;
-    const int dq = c.d_nope + c.d_rope;
-    sin.q.assign(in.q.begin() + skip * c.heads * dq, in.q.end());
-    const std::vector<float> part = run(s, sin, 0.125f, true);
-    for (size_t i = 0; i < part.size(); ++i)
-      ASSERT_EQ(part[i], all[static_cast<size_t>(skip * c.heads * c.d_v) + i])
-          << "n_q " << c.n_q << " skip " << skip << " key_block " << c.key_block << " element " << i;
   }
 }
 
