@@ -50,20 +50,39 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
   // Write every new token's latent into this layer's cache pages.
   std::vector<SeqBatch> absorbed;
   std::vector<int64_t> absorbed_rows;
-  int64_t row = 0;
+  std::vector<bool> naive(batch.size(), false);
+  int64_t row = 0, entries = 0;
   for (const SeqBatch& b : batch) {
     TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
                     std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));
-    if (b.n_new <= kAbsorbThreshold) {
-      absorbed.push_back(b);
-      for (int64_t i = 0; i < b.n_new; ++i) absorbed_rows.push_back(row + i);
+    if (b.n_new <= kAbsorbThreshold) ++entries;
+    row += b.n_new;
+  }
+  // Short suffixes after a cached context at least as long go absorbed too, in pieces, for
+  // models whose prefill attention may round to bf16 (BF16, FP8: the absorbed kernel's arithmetic).
+  const bool bf16_model = L.o.dtype == DType::kBF16 || L.o.dtype == DType::kF8E4M3;
+  row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqBatch& b = batch[i];
+    const int64_t pieces = (b.n_new + kAbsorbThreshold - 1) / kAbsorbThreshold;
+    if (b.n_new <= kAbsorbThreshold || (bf16_model && b.n_new <= kAbsorbMaxSuffix && b.pos >= b.n_new &&
+                                        entries + pieces <= options.max_sequences)) {
+      if (b.n_new > kAbsorbThreshold) entries += pieces;
+      // Pieces of up to kAbsorbThreshold tokens: each sees the keys up to its own last token.
+      for (int64_t off = 0; off < b.n_new; off += kAbsorbThreshold) {
+        const int64_t n = std::min(kAbsorbThreshold, b.n_new - off);
+        absorbed.push_back(SeqBatch{b.seq, b.pos + off, n, b.all_logits});
+        for (int64_t j = 0; j < n; ++j) absorbed_rows.push_back(row + off + j);
+      }
+    } else {
+      naive[i] = true;
     }
     row += b.n_new;
   }
   row = 0;
-  for (const SeqBatch& b : batch) {
-    if (b.n_new > kAbsorbThreshold) TRY(attention_naive(L, layer, b, row, cache));
-    row += b.n_new;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (naive[i]) TRY(attention_naive(L, layer, batch[i], row, cache));
+    row += batch[i].n_new;
   }
   if (!absorbed.empty()) TRY(attention_absorbed(L, layer, absorbed, absorbed_rows, cache));
   return {};

@@ -137,6 +137,12 @@ class Model {
 
   // Sequences up to this many new tokens use the absorbed (decode) form.
   static constexpr int64_t kAbsorbThreshold = 4;
+  // Suffixes up to this many new tokens after at least as many cached ones use it too (BF16 and
+  // FP8 models), as pieces of kAbsorbThreshold tokens, each causal up to its own last token,
+  // while the pieces fit the call's max_sequences: below ~170 new tokens the absorbed form costs
+  // fewer FLOPs than decompressing every cached key (at DeepSeek's widths), which is what a chat
+  // turn after a long cached history would otherwise pay.
+  static constexpr int64_t kAbsorbMaxSuffix = 64;
 
   struct Impl;
 

@@ -176,6 +176,53 @@ TEST_F(ModelTest, PrefillEqualsTokenByTokenDecode) {
   }
 }
 
+// A short suffix after a cached prefix (a chat turn) runs in the absorbed form, as pieces of
+// kAbsorbThreshold tokens each causal up to its own last token, instead of decompressing every
+// cached key: its logits equal a whole prefill's within the two forms' bf16 gap (as above), and
+// the attention FLOPs the call reports are the pieces'. A fresh prompt as short stays naive.
+TEST_F(ModelTest, AShortSuffixAfterACachedPrefixRunsAbsorbedAndMatchesAWholePrefill) {
+  for (const char* name : {"tiny-bf16", "tiny-fp8"}) {
+    auto m = load(name);
+    ASSERT_TRUE(m);
+    const ModelConfig& c = m->config();
+    const int64_t V = c.vocab_size, H = c.num_attention_heads, n = 64, cached = 44;  // one naive chunk whole
+    const auto tokens = prompt(*m, static_cast<int>(n), 5);
+    RoutingTrace trace;
+    const auto whole = run(*m, tokens, RunMode::kPrefill, &trace);
+    trace.replay = true;
+    m->set_routing_trace(&trace);
+    KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 1);
+    ko.capacity_bytes =
+        static_cast<uint64_t>((n / ko.format.page_tokens + 2) * ko.format.page_bytes() * ko.n_layers);
+    auto cache = KvCache::create(ko);
+    ASSERT_TRUE(cache.ok());
+    auto seq = (*cache)->add_sequence();
+    ASSERT_TRUE(seq.ok());
+    std::vector<float> logits(static_cast<size_t>(n * V));
+    double suffix_flops = 0;
+    for (const auto& [p, k] : {std::pair<int64_t, int64_t>{0, cached}, {cached, n - cached}}) {
+      const std::span<const int32_t> part(tokens.data() + p, static_cast<size_t>(k));
+      ASSERT_TRUE((*cache)->append(*seq, part).ok());
+      const SeqBatch b{*seq, p, k, true};
+      auto r = m->forward(std::span<const SeqBatch>(&b, 1), part, **cache, logits.data() + p * V);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      suffix_flops = r->stats.attention_flops;
+    }
+    m->set_routing_trace(nullptr);
+    std::vector<float> a(logits.begin() + cached * V, logits.end()),
+        b(whole.begin() + cached * V, whole.end());
+    EXPECT_LT(rel_err(a, std::vector<double>(b.begin(), b.end())), 2e-2) << name;
+    double want = 0;  // the absorbed pieces: 4 query positions each over the keys up to its last
+    const int64_t dqk = c.kv_lora_rank + c.qk_rope_head_dim;
+    for (int64_t off = 0; off < n - cached; off += Model::kAbsorbThreshold)
+      want += 2.0 * static_cast<double>(Model::kAbsorbThreshold * H) *
+              static_cast<double>(cached + off + Model::kAbsorbThreshold) *
+              static_cast<double>(dqk + c.kv_lora_rank);
+    EXPECT_EQ(suffix_flops, want * static_cast<double>(c.num_hidden_layers))
+        << name << ": the suffix ran naive";
+  }
+}
+
 TEST_F(ModelTest, BF16AndQ8MatchTheirReferences) {
   for (const char* name : {"tiny-bf16", "tiny-q8_0.gguf", "tiny-fp8", "tinyv2-f32"}) {
     auto m = load(name);
