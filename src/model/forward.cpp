@@ -98,14 +98,15 @@ void size_scratch(Scratch& s, const ModelConfig& c, const ModelOptions& o, int64
   s.gate_w.resize(sz(T * c.num_experts_per_tok));
   s.gate_ids.resize(sz(T * c.num_experts_per_tok));
   s.positions.resize(sz(T));
-  const int64_t Td = std::min(T, o.max_sequences * Model::kAbsorbThreshold);
+  const int64_t entries = Model::absorbed_entries(o.max_sequences);
+  const int64_t Td = std::min(T, entries * Model::kAbsorbThreshold);
   s.dq.resize(sz(Td * H * c.qk_head_dim()));
   s.dq_abs.resize(sz(Td * H * kvw));
   s.d_olat.resize(sz(Td * H * c.kv_lora_rank));
   s.d_lse.resize(sz(Td * H));
   s.d_out.resize(sz(Td * H * c.v_head_dim));
-  s.block_tables.resize(sz(o.max_sequences * max_pages));
-  s.seqlens.resize(sz(o.max_sequences));
+  s.block_tables.resize(sz(entries * max_pages));
+  s.seqlens.resize(sz(entries));
   s.lat.resize(sz(key_block * kvw));
   s.k_nope.resize(sz(key_block * H * c.qk_nope_head_dim));
   s.v.resize(sz(key_block * H * c.v_head_dim));

@@ -15,7 +15,7 @@ Result<MlaDecoder*> Model::Impl::decoder_for(const MlaKvFormat& format) {
   if (it != decoders.end() && it->second->options().format == format) return it->second.get();
   MlaDecoderOptions o;
   o.format = format;
-  o.max_batch = options.max_sequences;
+  o.max_batch = static_cast<int>(absorbed_entries(options.max_sequences));
   o.max_rows = static_cast<int>(kAbsorbThreshold * w->config.num_attention_heads);
   auto d = TRY(MlaDecoder::create(o));
   MlaDecoder* raw = d.get();
@@ -66,7 +66,7 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
     const SeqBatch& b = batch[i];
     const int64_t pieces = (b.n_new + kAbsorbThreshold - 1) / kAbsorbThreshold;
     if (b.n_new <= kAbsorbThreshold || (bf16_model && b.n_new <= kAbsorbMaxSuffix && b.pos >= b.n_new &&
-                                        entries + pieces <= options.max_sequences)) {
+                                        entries + pieces <= absorbed_entries(options.max_sequences))) {
       if (b.n_new > kAbsorbThreshold) entries += pieces;
       // Pieces of up to kAbsorbThreshold tokens: each sees the keys up to its own last token.
       for (int64_t off = 0; off < b.n_new; off += kAbsorbThreshold) {

@@ -139,10 +139,14 @@ class Model {
   static constexpr int64_t kAbsorbThreshold = 4;
   // Suffixes up to this many new tokens after at least as many cached ones use it too (BF16 and
   // FP8 models), as pieces of kAbsorbThreshold tokens, each causal up to its own last token,
-  // while the pieces fit the call's max_sequences: below ~170 new tokens the absorbed form costs
-  // fewer FLOPs than decompressing every cached key (at DeepSeek's widths), which is what a chat
-  // turn after a long cached history would otherwise pay.
+  // while the pieces fit the absorbed scratch (absorbed_entries): below ~170 new tokens the absorbed form
+  // costs fewer FLOPs than decompressing every cached key (at DeepSeek's widths), which is what a chat turn
+  // after a long cached history would otherwise pay.
   static constexpr int64_t kAbsorbMaxSuffix = 64;
+  // Entries the absorbed form's scratch holds per call: every sequence, plus one suffix's pieces.
+  static int64_t absorbed_entries(int64_t max_sequences) {
+    return max_sequences + kAbsorbMaxSuffix / kAbsorbThreshold;
+  }
 
   struct Impl;
 
