@@ -45,7 +45,7 @@ namespace {
 AmxBlocking g_blocking;
 
 // Tile roles (all eight tiles 16 rows x 64 bytes, amx::configure_full_tiles): amx_rows on pairs of
-// panels (block_2x2, bf16_pair_range): 0-1 A (one step of each panel), 4-5 B, 2-3 and 6-7 C; on a
+// panels (pair_products): 0-1 A (one step of each panel), 4-5 B, 2-3 and 6-7 C; on a
 // last single panel (block_all_m): 0-3 A (a block's four 32-column steps), 4-5 B, 6-7 C;
 // amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a block's four steps).
 
@@ -204,26 +204,46 @@ inline ATiles stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int64_t 
   }
 }
 
-// Two 16-row panels against all m tiles of one block, two m tiles at a time: A tiles 0 and 1 (one
-// step of each panel), B tiles 4 and 5 (that step of two m tiles), C tiles 2 and 3 (panel 0) and
-// 6 and 7 (panel 1). Each loaded tile serves two products, so a product costs one tile load (half
-// of them from the staged panels in L1) instead of one B load from L2 plus a share of the A loads:
-// the B loads from L2 are what bound block_all_m (about 50 cycles each on a model-167 Xeon VM).
-// Each C tile still covers one 128-column block and is scaled into its totals with that block's
-// scale, so the results are the same as block_all_m's.
-template <int kSteps>
-inline void block_2x2(const ActView& x, int64_t kp0, int64_t i_base, int64_t n_mt, const ATiles& a0,
-                      const ATiles& a1, float* tot0, float* tot1, float s0, float s1, float* ctmp) {
-  const int64_t bs = x.xt_stride * 4;
+// Two 16-row panels against all m tiles, two m tiles at a time, over `steps` 32-column steps:
+// A tiles 0 and 1 (step st of each panel at a.p + st * a.step), B tiles 4 and 5 (that step of two
+// m tiles), C tiles 2 and 3 (panel 0) and 6 and 7 (panel 1). Each loaded tile serves two products,
+// so a product costs one tile load (half of them from the staged panels in L1) instead of one B
+// load from L2 plus a share of the A loads: the B loads from L2 are what bound block_all_m (about
+// 50 cycles each on a model-167 Xeon VM). kScaled (fp8, one 128-column block per call): each C
+// tile starts at zero and goes into its totals times the block's scale, as block_all_m's do.
+// Otherwise (bf16: no block scale) each C tile starts from its totals (zero on a pass's first
+// column range) and is stored back once, after all of the range's steps.
+#define AMX_PAIR_BEGIN(C, TOT) \
+  do {                         \
+    if (kScaled || first) {    \
+      _tile_zero(C);           \
+    } else {                   \
+      _tile_loadd(C, TOT, 64); \
+    }                          \
+  } while (0)
+#define AMX_PAIR_END(C, TOT, S, CTMP) \
+  do {                                \
+    if constexpr (kScaled) {          \
+      AMX_ADD_BLOCK(C, TOT, S, CTMP); \
+    } else {                          \
+      _tile_stored(C, TOT, 64);       \
+    }                                 \
+  } while (0)
+// kSteps > 0 fixes the step count at compile time (fp8 blocks: 4, or 2 for a 64-column last one).
+template <bool kScaled, int kSteps = 0>
+inline void pair_products(const ActView& x, int64_t kp0, int64_t n_steps, int64_t i_base, int64_t n_mt,
+                          const ATiles& a0, const ATiles& a1, float* tot0, float* tot1, float s0, float s1,
+                          bool first, float* ctmp) {
+  const int64_t bs = x.xt_stride * 4, steps = kSteps > 0 ? kSteps : n_steps;
   int64_t mt = 0;
   for (; mt + 2 <= n_mt; mt += 2) {
     const int64_t i0 = i_base + 16 * mt;
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_zero(6);
-    _tile_zero(7);
+    AMX_PAIR_BEGIN(2, tot0 + 256 * mt);
+    AMX_PAIR_BEGIN(3, tot0 + 256 * (mt + 1));
+    AMX_PAIR_BEGIN(6, tot1 + 256 * mt);
+    AMX_PAIR_BEGIN(7, tot1 + 256 * (mt + 1));
 #pragma GCC unroll 4
-    for (int st = 0; st < kSteps; ++st) {
+    for (int64_t st = 0; st < steps; ++st) {
       _tile_loadd(0, a0.p + st * a0.step, a0.stride);
       _tile_loadd(4, b_tile(x, kp0 + 16 * st, i0), bs);
       _tile_dpbf16ps(2, 0, 4);
@@ -233,85 +253,29 @@ inline void block_2x2(const ActView& x, int64_t kp0, int64_t i_base, int64_t n_m
       _tile_dpbf16ps(3, 0, 5);
       _tile_dpbf16ps(7, 1, 5);
     }
-    AMX_ADD_BLOCK(2, tot0 + 256 * mt, s0, ctmp);
-    AMX_ADD_BLOCK(3, tot0 + 256 * (mt + 1), s0, ctmp + 256);
-    AMX_ADD_BLOCK(6, tot1 + 256 * mt, s1, ctmp);
-    AMX_ADD_BLOCK(7, tot1 + 256 * (mt + 1), s1, ctmp + 256);
+    AMX_PAIR_END(2, tot0 + 256 * mt, s0, ctmp);
+    AMX_PAIR_END(3, tot0 + 256 * (mt + 1), s0, ctmp + 256);
+    AMX_PAIR_END(6, tot1 + 256 * mt, s1, ctmp);
+    AMX_PAIR_END(7, tot1 + 256 * (mt + 1), s1, ctmp + 256);
   }
   if (mt < n_mt) {  // one m tile left: both panels against it
     const int64_t i0 = i_base + 16 * mt;
-    _tile_zero(2);
-    _tile_zero(6);
+    AMX_PAIR_BEGIN(2, tot0 + 256 * mt);
+    AMX_PAIR_BEGIN(6, tot1 + 256 * mt);
 #pragma GCC unroll 4
-    for (int st = 0; st < kSteps; ++st) {
+    for (int64_t st = 0; st < steps; ++st) {
       _tile_loadd(4, b_tile(x, kp0 + 16 * st, i0), bs);
       _tile_loadd(0, a0.p + st * a0.step, a0.stride);
       _tile_dpbf16ps(2, 0, 4);
       _tile_loadd(1, a1.p + st * a1.step, a1.stride);
       _tile_dpbf16ps(6, 1, 4);
     }
-    AMX_ADD_BLOCK(2, tot0 + 256 * mt, s0, ctmp);
-    AMX_ADD_BLOCK(6, tot1 + 256 * mt, s1, ctmp + 256);
+    AMX_PAIR_END(2, tot0 + 256 * mt, s0, ctmp);
+    AMX_PAIR_END(6, tot1 + 256 * mt, s1, ctmp + 256);
   }
 }
-
-// bf16 weights, m > 16: no per-block scale, so each C tile accumulates a pair of panels' whole
-// k range [k0, k1) and goes to its totals with one tile store (loaded first when an earlier range
-// left a partial sum). A tiles are the weight rows where they lie (16 valid rows per panel), B
-// tiles the transposed activations; two of each per step serve four products.
-inline void bf16_pair_range(const ActView& x, const uint8_t* panel0, int64_t row_bytes, int64_t k0,
-                            int64_t k1, int64_t i_base, int64_t n_mt, float* tot0, float* tot1, bool first) {
-  const int64_t bs = x.xt_stride * 4;
-  const uint8_t* panel1 = panel0 + 16 * row_bytes;
-  int64_t mt = 0;
-  for (; mt + 2 <= n_mt; mt += 2) {
-    const int64_t i0 = i_base + 16 * mt;
-    if (first) {
-      _tile_zero(2);
-      _tile_zero(3);
-      _tile_zero(6);
-      _tile_zero(7);
-    } else {
-      _tile_loadd(2, tot0 + 256 * mt, 64);
-      _tile_loadd(3, tot0 + 256 * (mt + 1), 64);
-      _tile_loadd(6, tot1 + 256 * mt, 64);
-      _tile_loadd(7, tot1 + 256 * (mt + 1), 64);
-    }
-    for (int64_t k = k0; k < k1; k += 32) {
-      _tile_loadd(0, panel0 + 2 * k, row_bytes);
-      _tile_loadd(4, b_tile(x, k / 2, i0), bs);
-      _tile_dpbf16ps(2, 0, 4);
-      _tile_loadd(1, panel1 + 2 * k, row_bytes);
-      _tile_dpbf16ps(6, 1, 4);
-      _tile_loadd(5, b_tile(x, k / 2, i0 + 16), bs);
-      _tile_dpbf16ps(3, 0, 5);
-      _tile_dpbf16ps(7, 1, 5);
-    }
-    _tile_stored(2, tot0 + 256 * mt, 64);
-    _tile_stored(3, tot0 + 256 * (mt + 1), 64);
-    _tile_stored(6, tot1 + 256 * mt, 64);
-    _tile_stored(7, tot1 + 256 * (mt + 1), 64);
-  }
-  if (mt < n_mt) {
-    const int64_t i0 = i_base + 16 * mt;
-    if (first) {
-      _tile_zero(2);
-      _tile_zero(6);
-    } else {
-      _tile_loadd(2, tot0 + 256 * mt, 64);
-      _tile_loadd(6, tot1 + 256 * mt, 64);
-    }
-    for (int64_t k = k0; k < k1; k += 32) {
-      _tile_loadd(4, b_tile(x, k / 2, i0), bs);
-      _tile_loadd(0, panel0 + 2 * k, row_bytes);
-      _tile_dpbf16ps(2, 0, 4);
-      _tile_loadd(1, panel1 + 2 * k, row_bytes);
-      _tile_dpbf16ps(6, 1, 4);
-    }
-    _tile_stored(2, tot0 + 256 * mt, 64);
-    _tile_stored(6, tot1 + 256 * mt, 64);
-  }
-}
+#undef AMX_PAIR_END
+#undef AMX_PAIR_BEGIN
 
 // Prefetches block `blk` of the panel at n0 (blocks past the panel's end continue into the next
 // panel, whose rows are the next 16 up to r1).
@@ -412,9 +376,9 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
 }
 
 // m > 16: weight panels two at a time against the activation tiles two at a time (2 x 2 C tiles),
-// so each tile load serves two products: bf16 weights accumulate a whole k range in the C tiles
-// (bf16_pair_range), fp8 blocks are staged per 128 columns and scaled into the totals per block
-// (block_2x2). A last single panel takes block_all_m. Against one panel at a time (block_all_m
+// so each tile load serves two products (pair_products): bf16 weights accumulate a whole k range
+// in the C tiles, fp8 blocks are staged per 128 columns and scaled into the totals per block. A
+// last single panel takes block_all_m. Against one panel at a time (block_all_m
 // only), two threads, [1408 x 2048], alternated runs on a model-167 Xeon VM: bf16 1.27-1.43x at
 // m = 24, 1.29-1.30x at 48, 1.19-1.21x at 512; fp8 1.21x at 24, 1.15-1.19x at 48, 1.07-1.09x at
 // 96-512 (docs/PERFORMANCE.md).
@@ -437,7 +401,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   float* totals = totals_buffer(256 * chunk_mt * std::min(bl.group_panels, (r1 - r0 + 15) / 16));
   const int64_t nb = (K + 127) / 128;
   alignas(64) uint16_t abuf[4][16][32];  // A tiles of one block: [step][weight row][32 columns]
-  alignas(64) uint16_t abuf1[4][16][32];  // the second panel's (block_2x2)
+  alignas(64) uint16_t abuf1[4][16][32];  // the second panel's (pair_products)
   alignas(64) float ctmp[2][256];
   const Fp8VbmiConvert conv;
   amx::configure_full_tiles();
@@ -449,21 +413,20 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
       for (int64_t kr0 = 0; kr0 < K; kr0 += kr) {
         const int64_t kr1 = std::min(K, kr0 + kr);
         int64_t n0 = g0;
-        if constexpr (!kFp8) {
-          for (; n0 + 32 <= g1; n0 += 32) {
-            float* tot0 = totals + 256 * c_mt * ((n0 - g0) / 16);
-            bf16_pair_range(x, wbase + n0 * row_bytes, row_bytes, kr0, kr1, i0, c_mt, tot0, tot0 + 256 * c_mt,
-                            kr0 == 0);
-          }
-        }
-        for (; n0 + 16 < g1; n0 += 32) {  // two panels at a time (block_2x2)
-          const int64_t nr1 = std::min<int64_t>(16, g1 - n0 - 16);
+        for (; n0 + 16 < g1; n0 += 32) {  // two panels at a time (pair_products)
           float* tot0 = totals + 256 * c_mt * ((n0 - g0) / 16);
           float* tot1 = tot0 + 256 * c_mt;
-          const float* srow0 = kFp8 ? fp8_scale_row(w, n0) : nullptr;
-          const float* srow1 = kFp8 ? fp8_scale_row(w, n0 + 16) : nullptr;
           const uint8_t* panel0 = wbase + n0 * row_bytes;
           const uint8_t* panel1 = panel0 + 16 * row_bytes;
+          if (!kFp8 && n0 + 32 <= g1) {  // bf16 rows where they lie, the whole column range at once
+            pair_products<false>(
+                x, kr0 / 2, (kr1 - kr0) / 32, i0, c_mt, ATiles{panel0 + 2 * kr0, row_bytes, 64},
+                ATiles{panel1 + 2 * kr0, row_bytes, 64}, tot0, tot1, 1.0f, 1.0f, kr0 == 0, ctmp[0]);
+            continue;
+          }
+          const int64_t nr1 = std::min<int64_t>(16, g1 - n0 - 16);
+          const float* srow0 = kFp8 ? fp8_scale_row(w, n0) : nullptr;
+          const float* srow1 = kFp8 ? fp8_scale_row(w, n0 + 16) : nullptr;
           for (int64_t k0 = kr0; k0 < kr1; k0 += 128) {
             const int64_t kc = std::min<int64_t>(128, K - k0), blk = k0 / 128 + 1;
             // the next block of both panels, or the first of the next pair's
@@ -478,9 +441,9 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
             const ATiles a1 = stage_a<kFp8>(conv, panel1, row_bytes, nr1, k0, kc, abuf1);
             const float s0 = kFp8 ? srow0[k0 / 128] : 1.0f, s1 = kFp8 ? srow1[k0 / 128] : 1.0f;
             if (kc == 128) {
-              block_2x2<4>(x, k0 / 2, i0, c_mt, a0, a1, tot0, tot1, s0, s1, ctmp[0]);
+              pair_products<true, 4>(x, k0 / 2, 4, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0]);
             } else {
-              block_2x2<2>(x, k0 / 2, i0, c_mt, a0, a1, tot0, tot1, s0, s1, ctmp[0]);
+              pair_products<true, 2>(x, k0 / 2, 2, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0]);
             }
           }
         }

@@ -11,7 +11,7 @@
 //   state  m, l [n_q, heads]; acc [n_q, heads, d_v] (init with attention_state_init)
 // AVX-512 path (register-blocked QK and PV over 32 rows x 64 keys, attention_avx512.cpp) and a
 // scalar path, chosen by simd_level(); both f32 with the exp of kernels/ops.h. Where the caller
-// allows bf16 operands (bf16_operands: its weights are BF16, FP8 or quantised, so its activations
+// allows bf16 operands (bf16_operands: its weights are BF16 or FP8, so its activations
 // are rounded at least that much already) and the CPU has AMX, both products run on the tiles
 // (attention_amx_avx512bf16.cpp) with Q, K, V and P rounded to bf16 and fp32 accumulation.
 #pragma once

@@ -190,6 +190,9 @@ const ModelOptions& Model::options() const { return impl_->options; }
 int64_t Model::max_context() const { return impl_->max_context; }
 const ModelFingerprint& Model::fingerprint() const { return impl_->fingerprint; }
 bool Model::has_mtp() const { return impl_->w->n_mtp_layers > 0; }
+bool Model::attention_in_bf16() const {
+  return fathom::attention_in_bf16(impl_->w->layers[0]);
+}
 uint64_t Model::checkpoint_bytes() const { return impl_->w->checkpoint_bytes; }
 uint64_t Model::repacked_bytes() const { return impl_->w->repacked_bytes; }
 const ModelWeights& Model::weights() const { return *impl_->w; }

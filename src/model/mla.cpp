@@ -47,42 +47,31 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
              s.kv.data() + kvl);
   rope_apply(*rope, {.n_tokens = T, .n_heads = H, .token_stride = H * qk, .head_stride = qk}, s.positions.data(),
              s.q.data() + c.qk_nope_head_dim);
-  // Write every new token's latent into this layer's cache pages.
+  // Write every new token's latent into this layer's cache pages, then run the sequence's naive
+  // attention (it reads only its own pages) or queue it for the absorbed form: decodes, and short
+  // suffixes after a cached context at least as long (BF16/FP8 models) as pieces of up to
+  // kAbsorbThreshold tokens, each seeing the keys up to its own last token. Every sequence has
+  // an entry of the absorbed scratch; the pieces beyond each suffix's first take the
+  // kAbsorbMaxSuffix / kAbsorbThreshold spare ones (absorbed_entries).
   std::vector<SeqBatch> absorbed;
   std::vector<int64_t> absorbed_rows;
-  std::vector<bool> naive(batch.size(), false);
-  int64_t row = 0, entries = 0;
+  int64_t row = 0, spare = kAbsorbMaxSuffix / kAbsorbThreshold;
   for (const SeqBatch& b : batch) {
     TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
                     std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));
-    if (b.n_new <= kAbsorbThreshold) ++entries;
-    row += b.n_new;
-  }
-  // Short suffixes after a cached context at least as long go absorbed too, in pieces, for
-  // models whose prefill attention may round to bf16 (BF16, FP8: the absorbed kernel's arithmetic).
-  const bool bf16_model = L.o.dtype == DType::kBF16 || L.o.dtype == DType::kF8E4M3;
-  row = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SeqBatch& b = batch[i];
     const int64_t pieces = (b.n_new + kAbsorbThreshold - 1) / kAbsorbThreshold;
-    if (b.n_new <= kAbsorbThreshold || (bf16_model && b.n_new <= kAbsorbMaxSuffix && b.pos >= b.n_new &&
-                                        entries + pieces <= absorbed_entries(options.max_sequences))) {
-      if (b.n_new > kAbsorbThreshold) entries += pieces;
-      // Pieces of up to kAbsorbThreshold tokens: each sees the keys up to its own last token.
+    if (b.n_new <= kAbsorbThreshold || (fathom::attention_in_bf16(L) && b.n_new <= kAbsorbMaxSuffix &&
+                                        b.pos >= b.n_new && pieces - 1 <= spare)) {
+      spare -= pieces - 1;
       for (int64_t off = 0; off < b.n_new; off += kAbsorbThreshold) {
         const int64_t n = std::min(kAbsorbThreshold, b.n_new - off);
         absorbed.push_back(SeqBatch{b.seq, b.pos + off, n, b.all_logits});
         for (int64_t j = 0; j < n; ++j) absorbed_rows.push_back(row + off + j);
       }
     } else {
-      naive[i] = true;
+      TRY(attention_naive(L, layer, b, row, cache));
     }
     row += b.n_new;
-  }
-  row = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (naive[i]) TRY(attention_naive(L, layer, batch[i], row, cache));
-    row += batch[i].n_new;
   }
   if (!absorbed.empty()) TRY(attention_absorbed(L, layer, absorbed, absorbed_rows, cache));
   return {};
@@ -220,8 +209,7 @@ Status Model::Impl::attention_naive(const LayerWeights& L, int64_t layer, const 
     p.m = s.att_m.data();
     p.l = s.att_l.data();
     p.acc = s.att_acc.data();
-    // BF16 and FP8 linears round their activations to bf16 already (docs/model.md)
-    p.bf16_operands = L.o.dtype == DType::kBF16 || L.o.dtype == DType::kF8E4M3;
+    p.bf16_operands = fathom::attention_in_bf16(L);
     prefill_attention_block(p, pool);
     stats.attention_flops += 2.0 * static_cast<double>(n * kb * H) * static_cast<double>(qk + vd);
     stats.kv_bytes += static_cast<double>(kb) * static_cast<double>(cache.format().token_bytes());

@@ -113,6 +113,9 @@ class Model {
   // The identity of the weights and config for KV page hashes (kvcache.h).
   const ModelFingerprint& fingerprint() const;
   bool has_mtp() const;
+  // Attention may round its operands to bf16 (BF16 and FP8 weights): prefill attention runs on
+  // AMX tiles where the CPU has them, and short suffixes take the absorbed form.
+  bool attention_in_bf16() const;
   uint64_t checkpoint_bytes() const;
   uint64_t repacked_bytes() const;
   const ModelWeights& weights() const;

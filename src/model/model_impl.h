@@ -15,6 +15,12 @@
 
 namespace fathom {
 
+// Whether a layer's attention may run with bf16 operands (AMX prefill tiles, absorbed suffixes):
+// its linears already round their activations to bf16 (BF16 and FP8 weights; docs/model.md).
+inline bool attention_in_bf16(const LayerWeights& L) {
+  return L.o.dtype == DType::kBF16 || L.o.dtype == DType::kF8E4M3;
+}
+
 // Activations and scratch of one forward call, sized once at load from ModelOptions.
 struct Scratch {
   std::vector<float> x, xn, q_a, q, kv, attn_v, ffn_a, ffn_b, router_logits, gate_w;

@@ -236,8 +236,7 @@ TEST_F(ModelTest, BF16AndQ8MatchTheirReferences) {
     ro.routing = &trace;
     // BF16 and FP8 models' prefill attention runs on AMX tiles with bf16 operands where the CPU
     // has them; the reference then rounds the same operands.
-    const DType wt = m->weights().layers[0].o.dtype;
-    ro.bf16_attention = amx_bf16_usable() && (wt == DType::kBF16 || wt == DType::kF8E4M3);
+    ro.bf16_attention = amx_bf16_usable() && m->attention_in_bf16();
     auto ref = reference_forward(m->weights(), tokens, ro);
     ASSERT_TRUE(ref.ok()) << name;
     EXPECT_LE(ref->routing_disagreements * 10, ref->routing_decisions) << name;
