@@ -1,4 +1,5 @@
 // `fathom serve`: the OpenAI-compatible server over a model (engine + HTTP).
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -87,6 +88,10 @@ int run_serve(int argc, char** argv) {
               "name and first argument key - scored by the model, the likeliest taken) or 'tokens' (token "
               "by token under the name mask)",
               "whole|tokens");
+  args.option("--tool-head-weight", &so.tool_head_weight,
+              "with 'whole': a head's score is log p(name) + W * log p(its fence and first key | name); "
+              "1 scores the head's joint probability, 0 the name alone",
+              "W");
   args.flag("--enable-test-hooks", &so.enable_test_hooks, "testing only: honour \"fathom_test_output\" in requests");
   std::string test_outputs;
   args.option("--test-outputs", &test_outputs,
@@ -101,6 +106,9 @@ int run_serve(int argc, char** argv) {
   if (!selection.ok())
     return fail(args.command(), invalid_argument("--tool-name-selection: {}", selection.status().message()));
   so.tool_name_selection = *selection;
+  if (!std::isfinite(so.tool_head_weight) || so.tool_head_weight < 0)
+    return fail(args.command(), invalid_argument("--tool-head-weight {} must be finite and non-negative",
+                                                 so.tool_head_weight));
   if (!test_outputs.empty()) {
     auto outs = read_test_outputs(test_outputs);
     if (!outs.ok()) return fail(args.command(), outs.status());

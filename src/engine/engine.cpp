@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <list>
 #include <thread>
@@ -268,6 +269,9 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
     if (t < 0 || t >= V) return invalid_argument("prompt token {} is outside the vocabulary", t);
   }
   TRY(validate_logit_bias(request.sampling, V));
+  if (!std::isfinite(request.tool_head_weight) || request.tool_head_weight < 0) {
+    return invalid_argument("tool_head_weight {} must be finite and non-negative", request.tool_head_weight);
+  }
   const int64_t page_tokens = m.cache->format().page_tokens;
   const int64_t need = (static_cast<int64_t>(request.prompt.size()) + 1 + page_tokens - 1) / page_tokens;
   if (need > m.cache->n_pages()) {
@@ -542,9 +546,11 @@ bool Engine::Impl::emit(Seq& s, const SampleResult& r, GenerationEvent& ev) {
 bool Engine::Impl::choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev, bool* alive) {
   const std::vector<CallHead>& heads = s.call_heads;
   const size_t V = static_cast<size_t>(model->config().vocab_size);
-  std::vector<double> score(heads.size());
+  // Per tool, the log-probabilities of its name's tokens (through the "\n" that ends it) and of the
+  // rest of its head (the fence and the first key), weighted into one score below.
+  std::vector<double> name_lp(heads.size()), rest_lp(heads.size());
   const double lg_lse = log_sum_exp(lg, V);
-  for (size_t i = 0; i < heads.size(); ++i) score[i] = static_cast<double>(lg[heads[i].tokens[0]]) - lg_lse;
+  for (size_t i = 0; i < heads.size(); ++i) name_lp[i] = static_cast<double>(lg[heads[i].tokens[0]]) - lg_lse;
   // Per name, its later tokens as sample() would have reported them (log-probabilities when asked).
   std::vector<std::vector<SampleResult>> reported(heads.size());
   const int64_t T = model->options().max_batch_tokens;
@@ -572,7 +578,8 @@ bool Engine::Impl::choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev
       for (size_t f = 0; f < batch.size(); ++f) {
         const CallHead& h = heads[tools[f]];
         for (size_t j = 1; j <= static_cast<size_t>(batch[f].n_new); ++j, r += V) {
-          score[tools[f]] += static_cast<double>(r[h.tokens[j]]) - log_sum_exp(r, V);
+          (j < h.n_name ? name_lp : rest_lp)[tools[f]] +=
+              static_cast<double>(r[h.tokens[j]]) - log_sum_exp(r, V);
           if (j < h.n_name) reported[tools[f]].push_back(s.sampler->report(r, h.tokens[j]));
         }
       }
@@ -607,6 +614,8 @@ bool Engine::Impl::choose_tool_name(Seq& s, const float* lg, GenerationEvent& ev
     }
   }
   if (!run_group()) return false;
+  std::vector<double> score(heads.size());
+  for (size_t i = 0; i < heads.size(); ++i) score[i] = name_lp[i] + s.req.tool_head_weight * rest_lp[i];
   const size_t pick = s.sampler->choose(score);
   // Emit the name. The next step computes its tokens after the first again (a short prefill that
   // also gives the MTP layer their rows); forks cannot be kept for that.

@@ -7,7 +7,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -217,9 +219,10 @@ TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
 }
 
 // ToolNameSelection::kWhole: the reply to a prompt ending with <｜tool▁sep｜> starts with the offered
-// name whose call head (the tokens of "NAME\n```json\n{" as the tokenizer spells them) has the
-// highest summed log-probability, recomputed here in one prefill per name; with no pages for the
-// scoring forks it still writes an offered name (token by token).
+// name whose call head (the tokens of "NAME\n```json\n{\"KEY" as the tokenizer spells them) has the
+// highest score — the name's log-probability plus tool_head_weight times the rest's — recomputed
+// here in one prefill per name; with no pages for the scoring forks it still writes an offered name
+// (token by token).
 class WholeNameTest : public EngineTest {
  protected:
   // A call's head as the engine scores it: the tokens of "NAME\n```json\n{\"KEY" (KEY the first
@@ -245,30 +248,38 @@ class WholeNameTest : public EngineTest {
     return h;
   }
 
-  static std::vector<double> scores(Model& m, const std::vector<int32_t>& prompt,
-                                    const std::vector<std::string>& names,
-                                    const std::vector<std::string>& keys) {
+  // Per name, the log-probabilities of its head's name tokens (through "\n") and of the rest.
+  struct HeadLogProbs {
+    double name = 0, rest = 0;
+    double score(double weight) const { return name + weight * rest; }
+  };
+  static std::vector<HeadLogProbs> head_logprobs(Model& m, const std::vector<int32_t>& prompt,
+                                                 const std::vector<std::string>& names,
+                                                 const std::vector<std::string>& keys) {
     const int64_t V = m.config().vocab_size;
-    std::vector<double> out;
+    std::vector<HeadLogProbs> out;
     for (size_t i = 0; i < names.size(); ++i) {
-      const std::vector<int32_t> ids = spell(m.tokenizer(), names[i], keys[i]).tokens;
+      const Head h = spell(m.tokenizer(), names[i], keys[i]);
       std::vector<int32_t> seq = prompt;
-      seq.insert(seq.end(), ids.begin(), ids.end() - 1);
+      seq.insert(seq.end(), h.tokens.begin(), h.tokens.end() - 1);
       auto logits = run_sequence_logits(m, seq, RunMode::kPrefill);
       EXPECT_TRUE(logits.ok());
-      double sum = 0;
-      for (size_t j = 0; j < ids.size(); ++j) {
+      HeadLogProbs lp;
+      for (size_t j = 0; j < h.tokens.size(); ++j) {
         const float* row = logits->data() + static_cast<int64_t>(prompt.size() - 1 + j) * V;
-        sum += static_cast<double>(row[ids[j]]) - log_sum_exp(row, static_cast<size_t>(V));
+        (j < h.n_name ? lp.name : lp.rest) +=
+            static_cast<double>(row[h.tokens[j]]) - log_sum_exp(row, static_cast<size_t>(V));
       }
-      out.push_back(sum);
+      out.push_back(lp);
     }
     return out;
   }
 
   static GenerationRequest name_request(std::vector<int32_t> p, const std::vector<std::string>& names,
-                                        ToolNameSelection sel, const std::vector<std::string>& keys = {}) {
+                                        ToolNameSelection sel, const std::vector<std::string>& keys = {},
+                                        double head_weight = kDefaultToolHeadWeight) {
     GenerationRequest r = greedy_request(std::move(p), 10);
+    r.tool_head_weight = head_weight;
     r.tool_names = names;
     for (const std::string& k : keys) {  // one parameter each, or none
       r.tool_schemas.push_back(
@@ -299,7 +310,11 @@ TEST_F(WholeNameTest, TheReplyStartsWithTheLikeliestWholeName) {
   ASSERT_TRUE(sep >= 0 && sep < m->config().vocab_size);
   const std::vector<std::string> names = {"get_weather", "getWeatherNow", "files_read_text", "query", "x9"};
   const std::vector<std::string> keys = {"city", "city", "path", "", "sql_text"};  // first parameters
-  int differs = 0;  // prompts where token-by-token selection wrote another name
+  // The head's joint log-probability (weight 1) and the default weighting; their choices differ on
+  // some prompts, so each request must follow its own weight.
+  const double weights[2] = {1.0, kDefaultToolHeadWeight};
+  int differs = 0;         // prompts where token-by-token selection wrote another name
+  int weights_differ = 0;  // prompts where the two weights' best heads are different tools
   for (int spec = 0; spec < 2; ++spec) {
     auto engine = Engine::create(*m, small_engine(spec == 1));
     ASSERT_TRUE(engine.ok());
@@ -307,39 +322,75 @@ TEST_F(WholeNameTest, TheReplyStartsWithTheLikeliestWholeName) {
       std::vector<int32_t> p = prompt(20 + static_cast<int>(seed) * 13, 100 + seed);
       p.push_back(sep);
       // All at once, so the scoring forks run beside other sequences' decode steps.
-      auto whole = (*engine)->submit(name_request(p, names, ToolNameSelection::kWhole, keys));
+      auto whole1 = (*engine)->submit(name_request(p, names, ToolNameSelection::kWhole, keys, weights[0]));
+      auto whole2 = (*engine)->submit(name_request(p, names, ToolNameSelection::kWhole, keys, weights[1]));
       auto tokens = (*engine)->submit(name_request(p, names, ToolNameSelection::kTokens));
       auto plain = (*engine)->submit(greedy_request(prompt(50, seed), 20));
-      ASSERT_TRUE(whole.ok() && tokens.ok() && plain.ok());
-      const Outcome w = drain(*whole), t = drain(*tokens);
+      ASSERT_TRUE(whole1.ok() && whole2.ok() && tokens.ok() && plain.ok());
+      const Outcome w[2] = {drain(*whole1), drain(*whole2)};
+      const Outcome t = drain(*tokens);
       (void)drain(*plain);
-      const std::vector<double> sc = scores(*m, p, names, keys);
-      const std::string got = name_written(m->tokenizer(), w.tokens, names);
-      ASSERT_FALSE(got.empty()) << "no offered name in the output, prompt " << seed;
-      const size_t best = static_cast<size_t>(std::max_element(sc.begin(), sc.end()) - sc.begin());
-      const size_t at = static_cast<size_t>(std::find(names.begin(), names.end(), got) - names.begin());
-      // Batched and solo numerics differ by ~1e-2 per logit: a near-tie may go either way.
-      EXPECT_GE(sc[at], sc[best] - 0.1) << "prompt " << seed << " chose " << got << " (" << sc[at]
-                                        << "), best " << names[best] << " (" << sc[best] << ")";
-      const Head h = spell(m->tokenizer(), got, keys[at]);  // the name is emitted as the head spells it
-      EXPECT_EQ(std::vector<int32_t>(w.tokens.begin(), w.tokens.begin() + static_cast<int64_t>(h.n_name)),
-                std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + static_cast<int64_t>(h.n_name)));
-      EXPECT_EQ(w.tokens.size(), 10u);
+      const std::vector<HeadLogProbs> lp = head_logprobs(*m, p, names, keys);
+      std::string got[2];
+      size_t best[2];
+      std::vector<double> sc_of[2];
+      for (int k = 0; k < 2; ++k) {
+        std::vector<double>& sc = sc_of[k];
+        for (const HeadLogProbs& x : lp) sc.push_back(x.score(weights[k]));
+        got[k] = name_written(m->tokenizer(), w[k].tokens, names);
+        ASSERT_FALSE(got[k].empty()) << "no offered name in the output, prompt " << seed << ", weight "
+                                     << weights[k];
+        best[k] = static_cast<size_t>(std::max_element(sc.begin(), sc.end()) - sc.begin());
+        const size_t at = static_cast<size_t>(std::find(names.begin(), names.end(), got[k]) - names.begin());
+        // Batched and solo numerics differ by ~1e-2 per logit: a near-tie may go either way.
+        EXPECT_GE(sc[at], sc[best[k]] - 0.1 * weights[k])
+            << "prompt " << seed << ", weight " << weights[k] << " chose " << got[k] << " (" << sc[at]
+            << "), best " << names[best[k]] << " (" << sc[best[k]] << ")";
+        const Head h = spell(m->tokenizer(), got[k], keys[at]);  // the name is emitted as the head spells it
+        EXPECT_EQ(
+            std::vector<int32_t>(w[k].tokens.begin(), w[k].tokens.begin() + static_cast<int64_t>(h.n_name)),
+            std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + static_cast<int64_t>(h.n_name)));
+        EXPECT_EQ(w[k].tokens.size(), 10u);
+      }
+      // Clearly different (each weight's best ahead of the other's by more than the numerics'
+      // slack): the two requests must then write different names.
+      if (best[0] != best[1] && sc_of[0][best[0]] - sc_of[0][best[1]] > 0.1 * weights[0] &&
+          sc_of[1][best[1]] - sc_of[1][best[0]] > 0.1 * weights[1]) {
+        ++weights_differ;
+        EXPECT_NE(got[0], got[1]) << "prompt " << seed << ": both weights wrote " << got[0];
+      }
       const std::string by_tokens = name_written(m->tokenizer(), t.tokens, names);
       EXPECT_FALSE(by_tokens.empty()) << "token by token, prompt " << seed;
-      if (by_tokens != got) ++differs;
+      if (by_tokens != got[1]) ++differs;
     }
     EngineMetrics em;
     for (int i = 0; i < 100; ++i) {  // metrics are published at the end of the step
       em = (*engine)->metrics();
-      if (em.tool_names_scored + em.tool_names_unscored >= 6) break;
+      if (em.tool_names_scored + em.tool_names_unscored >= 12) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    EXPECT_EQ(em.tool_names_scored, 6);
+    EXPECT_EQ(em.tool_names_scored, 12);
     EXPECT_EQ(em.tool_names_unscored, 0);
   }
-  std::printf("token-by-token selection wrote another name on %d of 12 prompts\n", differs);
+  std::printf(
+      "token-by-token selection wrote another name on %d of 12 prompts; head weights %g and %g chose "
+      "different names on %d\n",
+      differs, weights[0], weights[1], weights_differ);
   EXPECT_GT(differs, 0) << "the two selections never differ: is whole-name scoring on?";
+  EXPECT_GT(weights_differ, 0) << "the weights never change the choice here: the test cannot tell them apart";
+}
+
+TEST_F(WholeNameTest, AHeadWeightThatIsNotFiniteAndNonNegativeIsRefused) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  auto engine = Engine::create(*m, small_engine(false));
+  ASSERT_TRUE(engine.ok());
+  for (double w : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    auto r = (*engine)->submit(name_request(prompt(10, 1), {"a", "b"}, ToolNameSelection::kWhole, {}, w));
+    ASSERT_FALSE(r.ok()) << w;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("tool_head_weight"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST_F(WholeNameTest, WithoutPagesForTheForksTheNameIsChosenTokenByToken) {

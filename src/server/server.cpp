@@ -172,6 +172,7 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
       if (cr.tool_choice == ToolChoice::kNamed)
         gen.tool_args_of = cr.tool_choice_name;  // prefix ends at the fence
       gen.tool_name_selection = options.tool_name_selection;
+      gen.tool_head_weight = options.tool_head_weight;
       gen.tool_name_first = cr.tool_choice == ToolChoice::kRequired;  // prefix ends at <｜tool▁sep｜>
     }
   }

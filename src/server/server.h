@@ -34,6 +34,9 @@ struct ServerOptions {
   bool constrain_tool_names = true;
   // How the constrained name is picked among two or more offered tools (engine.h).
   ToolNameSelection tool_name_selection = ToolNameSelection::kWhole;
+  // With kWhole: the weight of a head's fence and first key against its name
+  // (GenerationRequest::tool_head_weight).
+  double tool_head_weight = kDefaultToolHeadWeight;
   // Testing only: honour a request field "fathom_test_output" (text the model is made to emit,
   // special tokens included) so tool-call round trips can be tested with random weights.
   bool enable_test_hooks = false;
