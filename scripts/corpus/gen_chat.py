@@ -168,7 +168,16 @@ def fresh_name(r, taken=frozenset(), words=False):
 
 
 # The recipe's knobs (set from the command line in main()).
-RECIPE = {"fresh_names": FRESH_NAMES, "fresh_words": False}
+RECIPE = {"fresh_names": FRESH_NAMES, "fresh_words": False, "word_noise": 0.0}
+
+
+def noisy_template(template, r):
+    """The template with each word outside its {slots} swapped for a pseudo-word half the time: a
+    request whose words say little, so the call must follow the values it carries (a tracking
+    number, "45 minutes", a file path) and the tool list. Training only (--word-noise)."""
+    parts = re.split(r"(\{\w+\})", template)
+    swap = lambda m: pseudo_word(r) if r.random() < 0.5 else m.group(0)
+    return "".join(p if p.startswith("{") else re.sub(r"[A-Za-z]+", swap, p) for p in parts)
 
 
 _LIST_NAMES = {}
@@ -194,9 +203,12 @@ def pick_tools(c, names, r, n_other, side, fresh=False):
     return name, [tool_def(t, n, r) for t, n in tools]
 
 
-def user_text(c, r, templates):
+def user_text(c, r, templates, noise=False):
     t_index = r.randrange(len(templates))
-    text, args = fill(c, templates[t_index], r)
+    template = templates[t_index]
+    if noise and r.random() < RECIPE["word_noise"]:
+        template = noisy_template(template, r)
+    text, args = fill(c, template, r)
     return decorate(text, r), ordered_args(c, args), t_index
 
 
@@ -206,7 +218,7 @@ def system_messages(r):
 
 
 def tool_turn(c, name, r, call_no):
-    text, args, _ = user_text(c, r, c["templates"][:-HELDOUT_TEMPLATES])
+    text, args, _ = user_text(c, r, c["templates"][:-HELDOUT_TEMPLATES], noise=RECIPE["word_noise"] > 0)
     result = c["result"](r, args)
     call_id = f"call_{call_no}"
     return [{"role": "user", "content": text},
@@ -309,6 +321,8 @@ def main():
                     help="share of tool conversations whose tools get made-up names")
     ap.add_argument("--fresh-words", action="store_true",
                     help="made-up names mix English words into the pseudo-words")
+    ap.add_argument("--word-noise", type=float, default=0.0,
+                    help="share of tool requests whose non-slot words are half swapped for pseudo-words")
     ap.add_argument("--copy-drills", type=float, default=0.0, help="share of lines that are copy drills")
     ap.add_argument("--parallel-calls", type=float, default=0.0,
                     help="share of lines that are parallel-call requests")
@@ -324,6 +338,9 @@ def main():
     ap.add_argument("--plain-share", type=float, default=0.13, help="share of chats without tools")
     a = ap.parse_args()
     RECIPE["fresh_names"], RECIPE["fresh_words"] = a.fresh_names, a.fresh_words
+    if not 0 <= a.word_noise <= 1:
+        raise SystemExit(f"--word-noise must be in [0, 1], not {a.word_noise}")
+    RECIPE["word_noise"] = a.word_noise
     if a.agent_fresh is not None:
         agent_tasks.RECIPE["fresh"] = agent_tasks.RECIPE["fresh_writes"] = a.agent_fresh
     tool_share = 1.0 - a.copy_drills - a.parallel_calls - a.no_tool_share - a.plain_share - a.agent_share

@@ -148,6 +148,45 @@ def check_bad_utf8(tmp):
     print("non-UTF-8 corpus input refused:", r.stderr.strip().splitlines()[-1])
 
 
+def check_word_noise(tmp):
+    """--word-noise (stage 6 of the default model): a noisy template keeps every slot and swaps
+    about half of its other words for pseudo-words that are no concept's word; the held-out requests
+    are the same bytes with and without it, --word-noise 0 draws exactly the default recipe, and a
+    share outside [0, 1] is refused."""
+    import random
+    sys.path.insert(0, os.path.join(SRC, "scripts/corpus"))
+    import gen_chat
+    r = random.Random(3)
+    swapped = total = 0
+    for c in gen_chat.CONCEPTS:
+        for t in c["templates"]:
+            n = gen_chat.noisy_template(t, r)
+            assert re.findall(r"\{\w+\}", n) == re.findall(r"\{\w+\}", t), (t, n)
+            old = re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", " ", t))
+            new = re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", " ", n))
+            assert len(old) == len(new), (t, n)
+            for a, b in zip(old, new):
+                total += 1
+                if a != b:
+                    swapped += 1
+                    assert b not in gen_chat.REAL_WORDS, b
+    assert 0.4 < swapped / total < 0.6, (swapped, total)
+    gen = os.path.join(SRC, "scripts/corpus/gen_chat.py")
+    outs = {}
+    for tag, extra in (("none", []), ("zero", ["--word-noise", "0"]), ("all", ["--word-noise", "1"])):
+        d = os.path.join(tmp, f"noise-{tag}")
+        os.makedirs(d)
+        subprocess.run([sys.executable, gen, "--out", d, "--seed", "7", "--conversations", "300", "--heldout", "50",
+                        *extra], check=True)
+        outs[tag] = {f: open(os.path.join(d, f), "rb").read() for f in ("chat.jsonl", "heldout_tools.jsonl")}
+    assert outs["zero"] == outs["none"], "--word-noise 0 changed the default recipe's draws"
+    assert outs["all"]["heldout_tools.jsonl"] == outs["none"]["heldout_tools.jsonl"]
+    assert outs["all"]["chat.jsonl"] != outs["none"]["chat.jsonl"]
+    bad = subprocess.run([sys.executable, gen, "--out", tmp, "--word-noise", "1.5"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--word-noise" in bad.stderr, bad.stderr
+    print(f"word noise: {swapped} of {total} template words swapped, slots kept, held-out requests unchanged")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="fathom-corpus-test-")
     try:
@@ -179,6 +218,7 @@ def main():
         check_heldout_disjoint(os.path.join(tmp, "a"))
         check_heldout_phrasing_words()
         check_bad_utf8(tmp)
+        check_word_noise(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ok")
