@@ -62,9 +62,10 @@ enum class ToolNameSelection {
 };
 
 // GenerationRequest::tool_head_weight by default (`fathom serve --tool-head-weight`; docs/engine.md,
-// "Choosing among the offered names": 86.9% -> 90.9% right on 2800 held-out requests to the default
-// model, against weight 1, the head's plain joint log-probability).
+// "Choosing among the offered names": the five-stage default model right on 90.4% of 2800 held-out
+// requests against 86.4% with weight 1, the head's plain joint log-probability).
 inline constexpr double kDefaultToolHeadWeight = 10;
+
 std::string_view tool_name_selection_name(ToolNameSelection s);
 Result<ToolNameSelection> parse_tool_name_selection(std::string_view s);
 std::string_view finish_reason_name(FinishReason r);
