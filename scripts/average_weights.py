@@ -29,7 +29,7 @@ def fail(msg):
 
 
 def read_safetensors(path):
-    """(header length, header dict, tensor bytes) of a safetensors file, with its layout checked."""
+    """(header bytes, header dict, tensor bytes) of a safetensors file, with its layout checked."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -53,7 +53,7 @@ def read_safetensors(path):
         s, e = t["data_offsets"]
         if not 0 <= s <= e <= len(data):
             fail(f"{path}: tensor {name}'s bytes [{s}, {e}) lie outside the file's {len(data)}")
-    return n, header, data
+    return raw[8:8 + n], header, data
 
 
 def bf16_to_f32(b):
@@ -76,7 +76,9 @@ def main():
     w = args.weight
     if not 0 <= w <= 1:
         fail(f"--weight {w} is outside [0, 1]")
-    na, ha, da = read_safetensors(os.path.join(args.a, SHARD))
+    if os.path.abspath(args.out) in (os.path.abspath(args.a), os.path.abspath(args.b)):
+        fail("OUT must be a directory other than A and B")
+    raw_header, ha, da = read_safetensors(os.path.join(args.a, SHARD))
     _, hb, db = read_safetensors(os.path.join(args.b, SHARD))
     ta = {k: v for k, v in ha.items() if k != "__metadata__"}
     tb = {k: v for k, v in hb.items() if k != "__metadata__"}
@@ -96,15 +98,10 @@ def main():
         if any(v != v for v in z):
             fail(f"tensor {name} holds NaN")
         out[s:e] = f32_to_bf16(z) if t["dtype"] == "BF16" else z.tobytes()
-    if os.path.abspath(args.out) not in (os.path.abspath(args.a), os.path.abspath(args.b)):
-        shutil.copytree(args.a, args.out, dirs_exist_ok=True)
-    else:
-        fail("OUT must be a directory other than A and B")
-    with open(os.path.join(args.out, SHARD), "wb") as f:
-        f.write(struct.pack("<Q", na))
-        with open(os.path.join(args.a, SHARD), "rb") as src:  # A's header bytes, unchanged
-            src.seek(8)
-            f.write(src.read(na))
+    shutil.copytree(args.a, args.out, dirs_exist_ok=True)
+    with open(os.path.join(args.out, SHARD), "wb") as f:  # A's header: the offsets are the same
+        f.write(struct.pack("<Q", len(raw_header)))
+        f.write(raw_header)
         f.write(out)
     print(f"wrote {args.out}: {len(ta)} tensors, {1 - w:g} x {args.a} + {w:g} x {args.b}")
     return 0

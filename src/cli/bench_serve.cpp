@@ -229,17 +229,17 @@ struct Setup {
 Status start_engine(const BenchServeOptions& o, Setup& s) {
   const int64_t max_c = *std::max_element(o.levels.begin(), o.levels.end());
   const MlaKvDType kv = TRY(parse_mla_kv_dtype(o.kv_dtype));
-  ModelOptions mo;
-  mo.max_sequences = max_c + 1;
-  mo.max_batch_tokens = std::max(o.prefill_chunk, o.prefill_chunk_idle) + 2 * max_c;
-  s.model = TRY(Model::load(o.model, mo));
-  TRY(check_context(o, *s.model));
   EngineOptions eo;
   eo.max_running = static_cast<int>(max_c);
   eo.prefill_chunk = o.prefill_chunk;
   eo.prefill_chunk_idle = o.prefill_chunk_idle;
   eo.max_waiting = static_cast<int>(max_c) + 8;
   eo.kv_dtype = kv;
+  ModelOptions mo;
+  mo.max_sequences = max_c + 1;
+  mo.max_batch_tokens = engine_batch_tokens(eo);
+  s.model = TRY(Model::load(o.model, mo));
+  TRY(check_context(o, *s.model));
   eo.kv_cache_bytes = o.kv_cache_gb ? static_cast<uint64_t>(*o.kv_cache_gb * double(uint64_t{1} << 30))
                                     : kv_bytes_for(o, *s.model, kv);
   eo.prefix_cache = true;

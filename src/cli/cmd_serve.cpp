@@ -1,5 +1,4 @@
 // `fathom serve`: the OpenAI-compatible server over a model (engine + HTTP).
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -106,9 +105,8 @@ int run_serve(int argc, char** argv) {
   if (!selection.ok())
     return fail(args.command(), invalid_argument("--tool-name-selection: {}", selection.status().message()));
   so.tool_name_selection = *selection;
-  if (!std::isfinite(so.tool_head_weight) || so.tool_head_weight < 0)
-    return fail(args.command(), invalid_argument("--tool-head-weight {} must be finite and non-negative",
-                                                 so.tool_head_weight));
+  if (Status st = check_tool_head_weight(so.tool_head_weight); !st.ok())
+    return fail(args.command(), invalid_argument("--tool-head-weight: {}", st.message()));
   if (!test_outputs.empty()) {
     auto outs = read_test_outputs(test_outputs);
     if (!outs.ok()) return fail(args.command(), outs.status());
@@ -135,8 +133,7 @@ int run_serve(int argc, char** argv) {
   // published (no prefix cache, no store tier): leave the module out.
   mo.load_mtp = !no_spec;
   mo.max_sequences = eo.max_running + 1;
-  mo.max_batch_tokens =
-      std::max(eo.prefill_chunk, eo.prefill_chunk_idle) + 2 * static_cast<int64_t>(eo.max_running);
+  mo.max_batch_tokens = engine_batch_tokens(eo);
   auto model = Model::load(model_path, mo);
   if (!model.ok()) return fail(args.command(), model.status());
   auto engine = Engine::create(**model, eo);

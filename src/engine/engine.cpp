@@ -37,6 +37,18 @@ std::string_view tool_name_selection_name(ToolNameSelection s) {
   return "";
 }
 
+Status check_tool_head_weight(double weight) {
+  if (!std::isfinite(weight) || weight < 0) {
+    return invalid_argument("the tool head weight {} must be finite and non-negative", weight);
+  }
+  return {};
+}
+
+int64_t engine_batch_tokens(const EngineOptions& options) {
+  return std::max(options.prefill_chunk, options.prefill_chunk_idle) +
+         2 * static_cast<int64_t>(options.max_running);
+}
+
 Result<ToolNameSelection> parse_tool_name_selection(std::string_view s) {
   for (ToolNameSelection v : {ToolNameSelection::kTokens, ToolNameSelection::kWhole}) {
     if (s == tool_name_selection_name(v)) return v;
@@ -269,9 +281,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
     if (t < 0 || t >= V) return invalid_argument("prompt token {} is outside the vocabulary", t);
   }
   TRY(validate_logit_bias(request.sampling, V));
-  if (!std::isfinite(request.tool_head_weight) || request.tool_head_weight < 0) {
-    return invalid_argument("tool_head_weight {} must be finite and non-negative", request.tool_head_weight);
-  }
+  TRY(check_tool_head_weight(request.tool_head_weight));
   const int64_t page_tokens = m.cache->format().page_tokens;
   const int64_t need = (static_cast<int64_t>(request.prompt.size()) + 1 + page_tokens - 1) / page_tokens;
   if (need > m.cache->n_pages()) {

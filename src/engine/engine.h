@@ -65,6 +65,8 @@ enum class ToolNameSelection {
 // "Choosing among the offered names": the five-stage default model right on 90.4% of 2800 held-out
 // requests against 86.4% with weight 1, the head's plain joint log-probability).
 inline constexpr double kDefaultToolHeadWeight = 10;
+// GenerationRequest::tool_head_weight's rule: finite and >= 0 (kInvalidArgument naming it otherwise).
+Status check_tool_head_weight(double weight);
 
 std::string_view tool_name_selection_name(ToolNameSelection s);
 Result<ToolNameSelection> parse_tool_name_selection(std::string_view s);
@@ -199,6 +201,10 @@ struct EngineMetrics {
   Histogram ttft = Histogram::latency();  // submit -> first token
   Histogram itl = Histogram::latency();   // between tokens of a stream
 };
+
+// The ModelOptions::max_batch_tokens an engine with these options fills at most: the larger of its
+// prefill chunks plus two tokens (one and a draft) per decoding sequence. Size the model with it.
+int64_t engine_batch_tokens(const EngineOptions& options);
 
 class Engine {
  public:

@@ -389,7 +389,7 @@ TEST_F(WholeNameTest, AHeadWeightThatIsNotFiniteAndNonNegativeIsRefused) {
     auto r = (*engine)->submit(name_request(prompt(10, 1), {"a", "b"}, ToolNameSelection::kWhole, {}, w));
     ASSERT_FALSE(r.ok()) << w;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("tool_head_weight"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("tool head weight"), std::string::npos) << r.status().message();
   }
 }
 

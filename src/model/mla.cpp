@@ -52,10 +52,10 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
   // suffixes after a cached context at least as long (BF16/FP8 models) as pieces of up to
   // kAbsorbThreshold tokens, each seeing the keys up to its own last token. Every sequence has
   // an entry of the absorbed scratch; the pieces beyond each suffix's first take the
-  // kAbsorbMaxSuffix / kAbsorbThreshold spare ones (absorbed_entries).
+  // kAbsorbSpareEntries spare ones (absorbed_entries).
   std::vector<SeqBatch> absorbed;
   std::vector<int64_t> absorbed_rows;
-  int64_t row = 0, spare = kAbsorbMaxSuffix / kAbsorbThreshold;
+  int64_t row = 0, spare = kAbsorbSpareEntries;
   for (const SeqBatch& b : batch) {
     TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
                     std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));

@@ -146,10 +146,10 @@ class Model {
   // costs fewer FLOPs than decompressing every cached key (at DeepSeek's widths), which is what a chat turn
   // after a long cached history would otherwise pay.
   static constexpr int64_t kAbsorbMaxSuffix = 64;
-  // Entries the absorbed form's scratch holds per call: every sequence, plus one suffix's pieces.
-  static int64_t absorbed_entries(int64_t max_sequences) {
-    return max_sequences + kAbsorbMaxSuffix / kAbsorbThreshold;
-  }
+  // Entries the absorbed form's scratch holds per call: one per sequence, plus the spare ones a
+  // suffix's pieces beyond its first take (at most one suffix of kAbsorbMaxSuffix tokens).
+  static constexpr int64_t kAbsorbSpareEntries = kAbsorbMaxSuffix / kAbsorbThreshold;
+  static int64_t absorbed_entries(int64_t max_sequences) { return max_sequences + kAbsorbSpareEntries; }
 
   struct Impl;
 
