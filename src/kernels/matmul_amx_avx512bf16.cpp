@@ -64,6 +64,30 @@ inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, 
       _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), _MM_HINT_T0);
 }
 
+// The cache lines of the next weight block, requested a few at a time between tile products
+// (issue) instead of in one burst before them: a burst of 64 lines fills the core's miss buffers
+// and stalls the products behind it until DRAM answers.
+struct LinePrefetch {
+  const uint8_t* rows[32];
+  int n_rows = 0, lines = 0;  // rows added, 64-byte lines per row
+  int row = 0, line = 0;      // the next line to request
+  void add_rows(const uint8_t* base, int64_t row_bytes, int64_t n, int64_t bytes) {
+    lines = static_cast<int>((bytes + 63) / 64);
+    for (int64_t r = 0; r < n && n_rows < 32; ++r) rows[n_rows++] = base + r * row_bytes;
+  }
+  int total() const { return n_rows * lines; }
+  inline void issue(int k) {
+    for (; k > 0 && row < n_rows; --k) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows[row] + 64 * line), _MM_HINT_T0);
+      if (++line == lines) {
+        line = 0;
+        ++row;
+      }
+    }
+  }
+  void finish() { issue(total()); }
+};
+
 // B tile of k-pairs [kp, kp + 16) and activation rows [i0, i0 + 16).
 inline const void* b_tile(const ActView& x, int64_t kp, int64_t i0) {
   return x.xt + kp * x.xt_stride + i0;
@@ -233,8 +257,13 @@ inline ATiles stage_a(const Fp8VbmiConvert& conv, const uint8_t* panel, int64_t 
 template <bool kScaled, int kSteps = 0>
 inline void pair_products(const ActView& x, int64_t kp0, int64_t n_steps, int64_t i_base, int64_t n_mt,
                           const ATiles& a0, const ATiles& a1, float* tot0, float* tot1, float s0, float s1,
-                          bool first, float* ctmp) {
+                          bool first, float* ctmp, LinePrefetch* pf = nullptr) {
   const int64_t bs = x.xt_stride * 4, steps = kSteps > 0 ? kSteps : n_steps;
+  // the prefetch's lines spread evenly over the steps of all (n_mt + 1) / 2 m-tile iterations
+  const int per_step =
+      pf != nullptr
+          ? static_cast<int>((pf->total() + steps * ((n_mt + 1) / 2) - 1) / (steps * ((n_mt + 1) / 2)))
+          : 0;
   int64_t mt = 0;
   for (; mt + 2 <= n_mt; mt += 2) {
     const int64_t i0 = i_base + 16 * mt;
@@ -244,6 +273,7 @@ inline void pair_products(const ActView& x, int64_t kp0, int64_t n_steps, int64_
     AMX_PAIR_BEGIN(7, tot1 + 256 * (mt + 1));
 #pragma GCC unroll 4
     for (int64_t st = 0; st < steps; ++st) {
+      if (pf != nullptr) pf->issue(per_step);
       _tile_loadd(0, a0.p + st * a0.step, a0.stride);
       _tile_loadd(4, b_tile(x, kp0 + 16 * st, i0), bs);
       _tile_dpbf16ps(2, 0, 4);
@@ -264,6 +294,7 @@ inline void pair_products(const ActView& x, int64_t kp0, int64_t n_steps, int64_
     AMX_PAIR_BEGIN(6, tot1 + 256 * mt);
 #pragma GCC unroll 4
     for (int64_t st = 0; st < steps; ++st) {
+      if (pf != nullptr) pf->issue(per_step);
       _tile_loadd(4, b_tile(x, kp0 + 16 * st, i0), bs);
       _tile_loadd(0, a0.p + st * a0.step, a0.stride);
       _tile_dpbf16ps(2, 0, 4);
@@ -285,6 +316,14 @@ inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem
   if (n >= r1) return;
   prefetch_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes,
                 std::min<int64_t>(16, r1 - n), 128 * elem_bytes);
+}
+
+inline void add_block(LinePrefetch& pf, const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes,
+                      int64_t nb, int64_t n0, int64_t r1, int64_t blk) {
+  const int64_t n = n0 + 16 * (blk / nb);
+  if (n >= r1) return;
+  pf.add_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes, std::min<int64_t>(16, r1 - n),
+              128 * elem_bytes);
 }
 
 inline void load_a_kc(const ATiles& a, int64_t kc) {
@@ -429,22 +468,25 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
           const float* srow1 = kFp8 ? fp8_scale_row(w, n0 + 16) : nullptr;
           for (int64_t k0 = kr0; k0 < kr1; k0 += 128) {
             const int64_t kc = std::min<int64_t>(128, K - k0), blk = k0 / 128 + 1;
-            // the next block of both panels, or the first of the next pair's
+            // the next block of both panels, or the first of the next pair's, requested between
+            // this block's products (pair_products)
+            LinePrefetch pf;
             if (blk < nb) {
-              prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, g1, blk);
-              prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 16, g1, blk);
+              add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, g1, blk);
+              add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 16, g1, blk);
             } else {
-              prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 32, g1, 0);
-              prefetch_block(wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 48, g1, 0);
+              add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 32, g1, 0);
+              add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 48, g1, 0);
             }
             const ATiles a0 = stage_a<kFp8>(conv, panel0, row_bytes, 16, k0, kc, abuf);
             const ATiles a1 = stage_a<kFp8>(conv, panel1, row_bytes, nr1, k0, kc, abuf1);
             const float s0 = kFp8 ? srow0[k0 / 128] : 1.0f, s1 = kFp8 ? srow1[k0 / 128] : 1.0f;
             if (kc == 128) {
-              pair_products<true, 4>(x, k0 / 2, 4, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0]);
+              pair_products<true, 4>(x, k0 / 2, 4, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0], &pf);
             } else {
-              pair_products<true, 2>(x, k0 / 2, 2, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0]);
+              pair_products<true, 2>(x, k0 / 2, 2, i0, c_mt, a0, a1, tot0, tot1, s0, s1, true, ctmp[0], &pf);
             }
+            pf.finish();
           }
         }
         for (; n0 < g1; n0 += 16) {
