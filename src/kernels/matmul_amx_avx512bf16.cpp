@@ -64,15 +64,16 @@ inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, 
       _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), _MM_HINT_T0);
 }
 
-// The cache lines of the next weight block, requested a few at a time between tile products
-// (issue) instead of in one burst before them: a burst of 64 lines fills the core's miss buffers
-// and stalls the products behind it until DRAM answers.
+// The cache lines of the next weight block (up to two 16-row panels' rows), requested a few at a
+// time between tile products (issue) instead of in one burst before them: a burst of 64 lines
+// fills the core's miss buffers and stalls the products behind it until DRAM answers.
 struct LinePrefetch {
+  explicit LinePrefetch(int64_t bytes_per_row) : lines(static_cast<int>((bytes_per_row + 63) / 64)) {}
   const uint8_t* rows[32];
-  int n_rows = 0, lines = 0;  // rows added, 64-byte lines per row
-  int row = 0, line = 0;      // the next line to request
-  void add_rows(const uint8_t* base, int64_t row_bytes, int64_t n, int64_t bytes) {
-    lines = static_cast<int>((bytes + 63) / 64);
+  int n_rows = 0;
+  const int lines;        // 64-byte lines per row
+  int row = 0, line = 0;  // the next line to request
+  void add_rows(const uint8_t* base, int64_t row_bytes, int64_t n) {
     for (int64_t r = 0; r < n && n_rows < 32; ++r) rows[n_rows++] = base + r * row_bytes;
   }
   int total() const { return n_rows * lines; }
@@ -308,22 +309,22 @@ inline void pair_products(const ActView& x, int64_t kp0, int64_t n_steps, int64_
 #undef AMX_PAIR_END
 #undef AMX_PAIR_BEGIN
 
-// Prefetches block `blk` of the panel at n0 (blocks past the panel's end continue into the next
+// Adds block `blk` of the panel at n0 to pf (blocks past the panel's end continue into the next
 // panel, whose rows are the next 16 up to r1).
-inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes, int64_t nb,
-                           int64_t n0, int64_t r1, int64_t blk) {
-  const int64_t n = n0 + 16 * (blk / nb);
-  if (n >= r1) return;
-  prefetch_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes,
-                std::min<int64_t>(16, r1 - n), 128 * elem_bytes);
-}
-
 inline void add_block(LinePrefetch& pf, const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes,
                       int64_t nb, int64_t n0, int64_t r1, int64_t blk) {
   const int64_t n = n0 + 16 * (blk / nb);
   if (n >= r1) return;
-  pf.add_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes, std::min<int64_t>(16, r1 - n),
-              128 * elem_bytes);
+  pf.add_rows(wbase + n * row_bytes + elem_bytes * 128 * (blk % nb), row_bytes,
+              std::min<int64_t>(16, r1 - n));
+}
+
+// Prefetches that block at once.
+inline void prefetch_block(const uint8_t* wbase, int64_t row_bytes, int64_t elem_bytes, int64_t nb,
+                           int64_t n0, int64_t r1, int64_t blk) {
+  LinePrefetch pf(128 * elem_bytes);
+  add_block(pf, wbase, row_bytes, elem_bytes, nb, n0, r1, blk);
+  pf.finish();
 }
 
 inline void load_a_kc(const ATiles& a, int64_t kc) {
@@ -470,7 +471,7 @@ void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
             const int64_t kc = std::min<int64_t>(128, K - k0), blk = k0 / 128 + 1;
             // the next block of both panels, or the first of the next pair's, requested between
             // this block's products (pair_products)
-            LinePrefetch pf;
+            LinePrefetch pf(128 * (kFp8 ? 1 : 2));
             if (blk < nb) {
               add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0, g1, blk);
               add_block(pf, wbase, row_bytes, kFp8 ? 1 : 2, nb, n0 + 16, g1, blk);
