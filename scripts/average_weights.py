@@ -98,7 +98,7 @@ def main():
         if any(v != v for v in z):
             fail(f"tensor {name} holds NaN")
         out[s:e] = f32_to_bf16(z) if t["dtype"] == "BF16" else z.tobytes()
-    shutil.copytree(args.a, args.out, dirs_exist_ok=True)
+    shutil.copytree(args.a, args.out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SHARD))
     with open(os.path.join(args.out, SHARD), "wb") as f:  # A's header: the offsets are the same
         f.write(struct.pack("<Q", len(raw_header)))
         f.write(raw_header)
