@@ -399,7 +399,10 @@ int run_ep_bench(int argc, char** argv) {
       (s.format == ep::WireFormat::kFP8 ? 4.0 * static_cast<double>(ep::fp8_scale_cols(o.hidden)) : 0);
   const double src = H * (s.format == ep::WireFormat::kF32 ? 4 : 2),
                comb = static_cast<double>(ep::wire_row_bytes(s.combine, o.hidden));
-  const double d_mem = s.ll ? T * (src + wire) + 2 * mean_rows * wire : T * src + mean_rows * wire;
+  // Low latency: the tokens read and encoded into the sender's staging, and every received row
+  // written once into its slot (by its sender, which streams it as it encodes; a receiver copying
+  // from a staging would also read it, which this model does not count).
+  const double d_mem = s.ll ? T * (src + wire) + mean_rows * wire : T * src + mean_rows * wire;
   const double c_mem = mean_rows * comb + T * H * 4;
   std::vector<double> tot(ours.dispatch.size()), btot(tot.size());
   for (size_t i = 0; i < tot.size(); ++i)

@@ -139,6 +139,19 @@ void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_
   }
 }
 
+void encode_row_multi(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst, float* scales,
+                      uint8_t* const* dsts, float* const* dst_scales, int nd) {
+  const bool identity = (f == WireFormat::kF32 && !src_bf16) || (f == WireFormat::kBF16 && src_bf16);
+  bool aligned = use_avx512() && !identity;
+  for (int i = 0; i < nd && aligned; ++i) aligned = (reinterpret_cast<uintptr_t>(dsts[i]) & 63) == 0;
+  if (aligned) return encode_row_multi_avx512(src, src_bf16, f, n, dst, scales, dsts, dst_scales, nd);
+  encode_row(src, src_bf16, f, n, dst, scales);
+  copy_row_stream_multi(dsts, nd, dst, wire_row_bytes(f, n));
+  if (f != WireFormat::kFP8) return;
+  for (int i = 0; i < nd; ++i)
+    if (dst_scales[i]) std::memcpy(dst_scales[i], scales, static_cast<size_t>(fp8_scale_cols(n)) * 4);
+}
+
 void copy_row_stream(void* dst, const void* src, uint64_t bytes) {
   uint8_t* d = static_cast<uint8_t*>(dst);
   copy_row_stream_multi(&d, 1, src, bytes);

@@ -50,6 +50,18 @@ void copy_row_stream_multi(uint8_t* const* dsts, int n, const void* src, uint64_
 void copy_row_stream_multi_avx512(uint8_t* const* dsts, int n, const void* src, uint64_t bytes);
 void stream_fence();
 
+// encode_row into dst (the sender's own staging, cached stores) and the same wire bytes into each
+// of nd destination rows, plus the kFP8 scales into each dst_scales[i] (when non-null). The
+// destinations take each 128-value group as soon as it is encoded, with non-temporal stores when
+// they are 64-byte aligned, so the streaming stores (bound by the core's line-fill buffers) run
+// under the encoding arithmetic instead of after it; the scales' lines (not whole lines, so not
+// streamed) are requested for writing before the row and stored after it. Callers publish after
+// stream_fence().
+void encode_row_multi(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst, float* scales,
+                      uint8_t* const* dsts, float* const* dst_scales, int nd);
+void encode_row_multi_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst,
+                             float* scales, uint8_t* const* dsts, float* const* dst_scales, int nd);
+
 // AVX-512 kernels (codec_avx512.cpp).
 void encode_row_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst, float* scales);
 void accumulate_row_avx512(float* acc, const void* row, WireFormat f, int64_t n);

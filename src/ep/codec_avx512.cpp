@@ -116,24 +116,36 @@ __attribute__((always_inline)) inline void encode_fp8_group(const void* src, boo
   store_codes64(dst + g0 + 64, c[4], c[5], c[6], c[7]);
 }
 
-void encode_fp8(const void* src, bool bf16, int64_t n, uint8_t* dst, float* scales) {
+// The last, partial group of a row ([g0, n), n - g0 < 128), with masked loads and stores.
+void encode_fp8_tail(const void* src, bool bf16, int64_t g0, int64_t n, uint8_t* dst, float* scales) {
+  if (g0 >= n) return;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t i = g0; i < n; i += 16)
+    vmax = _mm512_max_ps(vmax, _mm512_and_ps(load16(src, bf16, i, tail_mask(n - i)), abs_mask));
+  const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
+  const __m512 inv = _mm512_set1_ps(448.0f / amax);
+  scales[g0 / kFp8Group] = amax / 448.0f;
+  for (int64_t i = g0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m128i q = e4m3_encode16(_mm512_mul_ps(load16(src, bf16, i, m), inv));
+    _mm_mask_storeu_epi8(dst + i, m, q);
+  }
+}
+
+void encode_fp8(const void* src, bool bf16, int64_t n, uint8_t* dst, float* scales) {
   const int64_t full = n / kFp8Group * kFp8Group;
   for (int64_t g0 = 0; g0 < full; g0 += kFp8Group)
     encode_fp8_group(src, bf16, g0, dst, scales + g0 / kFp8Group);
-  for (int64_t g0 = full; g0 < n; g0 += kFp8Group) {
-    const int64_t g1 = std::min(n, g0 + kFp8Group);
-    __m512 vmax = _mm512_setzero_ps();
-    for (int64_t i = g0; i < g1; i += 16)
-      vmax = _mm512_max_ps(vmax, _mm512_and_ps(load16(src, bf16, i, tail_mask(g1 - i)), abs_mask));
-    const float amax = std::max(_mm512_reduce_max_ps(vmax), 1e-4f);
-    const __m512 inv = _mm512_set1_ps(448.0f / amax);
-    scales[g0 / kFp8Group] = amax / 448.0f;
-    for (int64_t i = g0; i < g1; i += 16) {
-      const __mmask16 m = tail_mask(g1 - i);
-      const __m128i q = e4m3_encode16(_mm512_mul_ps(load16(src, bf16, i, m), inv));
-      _mm_mask_storeu_epi8(dst + i, m, q);
-    }
+  encode_fp8_tail(src, bf16, full, n, dst, scales);
+}
+
+// Streams bytes [off, off + len) of the encoded row src to every destination (len a multiple of
+// 64; the destinations 64-byte aligned).
+inline void stream_chunk(uint8_t* const* dsts, int nd, const uint8_t* src, uint64_t off, uint64_t len) {
+  for (uint64_t i = off; i < off + len; i += 64) {
+    const __m512i v = _mm512_loadu_si512(src + i);
+    for (int k = 0; k < nd; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dsts[k] + i), v);
   }
 }
 
@@ -154,6 +166,43 @@ void encode_row_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, 
       _mm256_mask_storeu_epi16(static_cast<uint16_t*>(dst) + i, m, f32_to_bf16_16(v));
     }
   }
+}
+
+void encode_row_multi_avx512(const void* src, bool src_bf16, WireFormat f, int64_t n, void* dst,
+                             float* scales, uint8_t* const* dsts, float* const* dst_scales, int nd) {
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  const int64_t full = n / kFp8Group * kFp8Group;
+  const uint64_t scale_bytes = f == WireFormat::kFP8 ? static_cast<uint64_t>(fp8_scale_cols(n)) * 4 : 0;
+  // A few scale rows share lines with other senders' rows: requested for writing now, so their
+  // reads for ownership complete while the row is encoded (streaming them would need whole lines).
+  for (int k = 0; k < nd && scale_bytes; ++k) {
+    if (!dst_scales[k]) continue;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(dst_scales[k]);
+    for (uintptr_t l = a & ~uintptr_t{63}; l < a + scale_bytes; l += 64)
+      asm volatile("prefetchw (%0)" : : "r"(l));
+  }
+  if (f == WireFormat::kFP8) {
+    for (int64_t g0 = 0; g0 < full; g0 += kFp8Group) {
+      encode_fp8_group(src, src_bf16, g0, out, scales + g0 / kFp8Group);
+      stream_chunk(dsts, nd, out, static_cast<uint64_t>(g0), kFp8Group);
+    }
+    encode_fp8_tail(src, src_bf16, full, n, out, scales);
+  } else {
+    const uint64_t in_elem = src_bf16 ? 2 : 4, chunk = wire_row_bytes(f, kFp8Group);
+    for (int64_t g0 = 0; g0 < full; g0 += kFp8Group) {
+      const uint64_t at = static_cast<uint64_t>(g0 / kFp8Group) * chunk;
+      encode_row_avx512(static_cast<const uint8_t*>(src) + static_cast<uint64_t>(g0) * in_elem, src_bf16, f,
+                        kFp8Group, out + at, nullptr);
+      stream_chunk(dsts, nd, out, at, chunk);
+    }
+    if (full < n)
+      encode_row_avx512(static_cast<const uint8_t*>(src) + static_cast<uint64_t>(full) * in_elem, src_bf16, f,
+                        n - full, out + wire_row_bytes(f, full), nullptr);
+  }
+  const uint64_t done = wire_row_bytes(f, full), bytes = wire_row_bytes(f, n);
+  for (int k = 0; k < nd && done < bytes; ++k) std::memcpy(dsts[k] + done, out + done, bytes - done);
+  for (int k = 0; k < nd && scale_bytes; ++k)
+    if (dst_scales[k]) std::memcpy(dst_scales[k], scales, scale_bytes);
 }
 
 void accumulate_row_avx512(float* acc, const void* row, WireFormat f, int64_t n) {

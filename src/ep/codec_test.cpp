@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/cpu.h"
@@ -237,6 +238,65 @@ TEST(EpCodec, MultiDestinationStreamingCopyWritesEveryDestinationExactly) {
         }
       }
     }
+  }
+}
+
+// The fused encode-and-stream equals encode_row followed by a copy into every destination: staging,
+// scales and destinations, for each format and source dtype, aligned (streamed group by group) and
+// not (the encode-then-copy fallback), with nothing written past a row or to unused destinations.
+TEST(EpCodec, EncodeRowMultiEqualsEncodeThenCopyToEveryDestination) {
+  Rng rng(print_seed("encode row multi"));
+  constexpr int kMax = 4;
+  constexpr uint64_t kStride = 4 * 7168 + 128;  // a multiple of 64, room for an f32 row of 7168
+  std::vector<uint8_t> dst(kMax * kStride + 128), want(kStride), stage(kStride);
+  std::vector<float> dsc(kMax * 64 + 1), want_sc(64), sc(64);
+  uint8_t* base = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
+  for (int64_t n : {int64_t{1}, int64_t{127}, int64_t{128}, int64_t{200}, int64_t{1000}, int64_t{7168}}) {
+    const std::vector<float> x = random_row(rng, n);
+    std::vector<uint16_t> xb(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) xb[static_cast<size_t>(i)] = f32_to_bf16(x[static_cast<size_t>(i)]);
+    for (WireFormat f : {WireFormat::kF32, WireFormat::kBF16, WireFormat::kFP8})
+      for (bool bf16 : {false, true})
+        for (int nd = 0; nd <= kMax; ++nd)
+          for (uint64_t off : {uint64_t{0}, uint64_t{8}}) {
+            const void* src = bf16 ? static_cast<const void*>(xb.data()) : x.data();
+            const uint64_t bytes = wire_row_bytes(f, n);
+            const size_t ns = static_cast<size_t>(fp8_scale_cols(n));
+            encode_row_ref(src, bf16, f, n, want.data(), want_sc.data());
+            std::fill(dst.begin(), dst.end(), 0xEE);
+            std::fill(dsc.begin(), dsc.end(), -1.0f);
+            uint8_t* d[kMax];
+            float* ds[kMax];
+            for (int k = 0; k < nd; ++k) {
+              d[k] = base + static_cast<uint64_t>(nd - 1 - k) * kStride + off;
+              ds[k] = k == 1 ? nullptr : dsc.data() + (nd - 1 - k) * 64;  // scales are optional
+            }
+            encode_row_multi(src, bf16, f, n, stage.data(), sc.data(), d, ds, nd);
+            stream_fence();
+            const std::string at = std::string(wire_format_name(f)) + (bf16 ? " from bf16" : " from f32") +
+                                   " n " + std::to_string(n) + " to " + std::to_string(nd) + " +" +
+                                   std::to_string(off);
+            ASSERT_EQ(0, std::memcmp(stage.data(), want.data(), bytes)) << at;
+            if (f == WireFormat::kFP8) {
+              ASSERT_EQ(0, std::memcmp(sc.data(), want_sc.data(), ns * 4)) << at;
+            }
+            for (int k = 0; k < kMax; ++k) {
+              const uint8_t* row = base + static_cast<uint64_t>(k) * kStride + off;
+              const float* rs = dsc.data() + k * 64;
+              const int who = nd - 1 - k;  // the destination index that wrote here, if any
+              if (k < nd) {
+                ASSERT_EQ(0, std::memcmp(row, want.data(), bytes)) << at << ", destination " << who;
+                ASSERT_EQ(row[bytes], 0xEE) << at << ": wrote past the end";
+                if (f == WireFormat::kFP8 && who != 1) {
+                  ASSERT_EQ(0, std::memcmp(rs, want_sc.data(), ns * 4)) << at << ", scales " << who;
+                } else {
+                  ASSERT_EQ(rs[0], -1.0f) << at << ": scales written without a format or destination";
+                }
+              } else {
+                ASSERT_EQ(row[0], 0xEE) << at << ": wrote to unused destination " << k;
+              }
+            }
+          }
   }
 }
 

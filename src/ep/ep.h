@@ -116,6 +116,10 @@ struct EpOptions {
   // stores (they leave the cache anyway; skipping the read-for-ownership saves bandwidth).
   int64_t stream_min_bytes = int64_t{4} << 20;
   int spin_us = 50;  // busy-wait this long before yielding/blocking
+  // Low-latency dispatch on one node: write this rank's rows straight into their slots of the
+  // receivers' outputs (encoding and streaming stores overlap) instead of leaving the receivers to
+  // copy them from its staging. Per rank; the outputs are the same either way (docs/ep.md).
+  bool ll_direct_write = true;
 };
 
 // Caller-owned record of one normal-mode dispatch, filled by dispatch() and used by combine()

@@ -254,7 +254,12 @@ void plan_block(EpGroup::Impl& m) {
       b.s_scales[i] = take(T * S4, 64);
       b.s_idx[i] = take(T * K * 4, 64);
     }
-    b.e_x = take(static_cast<uint64_t>(m.L) * static_cast<uint64_t>(m.R) * T * m.comb_row, kPage);
+    const uint64_t slots = static_cast<uint64_t>(m.L) * static_cast<uint64_t>(m.R) * T;
+    for (int i = 0; i < 2; ++i) {
+      b.ll_x[i] = take(slots * m.max_row, kPage);
+      b.ll_sc[i] = take(slots * S4, 64);
+    }
+    b.e_x = take(slots * m.comb_row, kPage);
   }
   b.bytes = align_up(off, kPage);
 }
@@ -270,7 +275,7 @@ uint64_t ll_combine_msg_bytes(const EpGroup::Impl& m) {
   return align_up(sizeof(CallHeader), 64) + rows * m.comb_row;
 }
 
-// Private staging for MPI traffic and the low-latency output, reserved (not committed) at once.
+// Private staging for MPI traffic and the low-latency source info, reserved (not committed) at once.
 Status plan_private(EpGroup::Impl& m) {
   const uint64_t T = static_cast<uint64_t>(m.T), K = static_cast<uint64_t>(m.opt.topk);
   const uint64_t S4 = static_cast<uint64_t>(m.S) * 4;  // FP8 scales: any max format admits FP8 calls
@@ -281,7 +286,7 @@ Status plan_private(EpGroup::Impl& m) {
   m.proxy_stride = align_up(T * (m.max_row + S4 + record), kPage);
   uint64_t off = 0;
   std::vector<std::pair<uint8_t**, uint64_t>> parts;
-  uint64_t ll_in = 0, ll_pack = 0, ll_cin = 0, ll_out = 0, ll_sc = 0, ll_src = 0;
+  uint64_t ll_in = 0, ll_pack = 0, ll_cin = 0, ll_src = 0;
   if (m.opt.normal_mode && (n_remote > 0)) {
     parts.push_back({&m.send_pack, dests * m.send_pack_stride});
     parts.push_back({&m.comb_stage, dests * T * m.comb_row});
@@ -290,17 +295,14 @@ Status plan_private(EpGroup::Impl& m) {
   }
   if (m.opt.low_latency_mode) {
     const uint64_t slots = static_cast<uint64_t>(m.L) * static_cast<uint64_t>(m.R) * T;
-    ll_out = slots * m.max_row, ll_sc = slots * S4, ll_src = slots * 8;
+    ll_src = slots * 8;
     m.ll_in_stride = align_up(ll_dispatch_msg_bytes(m), kPage);
     m.ll_pack_stride = align_up(std::max(ll_dispatch_msg_bytes(m), ll_combine_msg_bytes(m)), kPage);
     m.ll_cin_stride = align_up(ll_combine_msg_bytes(m), kPage);
     ll_in = n_remote * m.ll_in_stride, ll_pack = n_remote * m.ll_pack_stride,
     ll_cin = n_remote * m.ll_cin_stride;
   }
-  uint8_t* ll_sc_ptr = nullptr;
   uint8_t* ll_src_ptr = nullptr;
-  parts.push_back({&m.ll_out, ll_out});
-  parts.push_back({&ll_sc_ptr, ll_sc});
   parts.push_back({&ll_src_ptr, ll_src});
   parts.push_back({&m.ll_in, ll_in});
   parts.push_back({&m.ll_pack, ll_pack});
@@ -320,7 +322,6 @@ Status plan_private(EpGroup::Impl& m) {
   m.priv = TRY(internal::PrivateRegion::allocate(std::max<uint64_t>(off, kPage), "ep staging"));
   for (size_t i = 0; i < parts.size(); ++i)
     *parts[i].first = parts[i].second ? m.priv.data() + offs[i] : nullptr;
-  m.ll_out_scales = reinterpret_cast<float*>(ll_sc_ptr);
   m.ll_out_src = reinterpret_cast<int32_t*>(ll_src_ptr);
   return {};
 }
@@ -345,6 +346,9 @@ void size_state(EpGroup::Impl& m) {
   m.ll_total.assign(L, 0);
   m.ll_prefix.assign(static_cast<size_t>(m.opt.num_experts), 0);
   m.ll_cursor.assign(L, 0);
+  m.ll_lower.assign(static_cast<size_t>(m.opt.num_experts), 0);
+  m.ll_direct_ok = m.opt.low_latency_mode && m.opt.ll_direct_write;
+  for (int r = 0; r < m.rank; ++r) m.ll_direct_ok = m.ll_direct_ok && m.is_local(r);
   const int threads = default_pool().size();
   m.scratch_stride =
       align_up(m.max_row + static_cast<uint64_t>(m.S) * 4 + 2 * static_cast<uint64_t>(m.opt.hidden) * 4, 64);

@@ -4,7 +4,8 @@
 // Shared memory: one arena per node, one block per local rank, the same block layout on every
 // rank (offsets in BlockLayout). A block holds the rank's control words and headers, its normal-
 // mode receive buffer A (rows written by senders into their final slots), two combine buffers B
-// (by call parity), two low-latency send stagings (by parity; receivers pull from them) and the
+// (by call parity), two low-latency send stagings and two low-latency outputs (by parity; senders
+// write their rows into the outputs directly, or receivers pull them from the stagings) and the
 // low-latency combine buffer E (pulled by the tokens' owners). Peers on other nodes exchange the
 // same data through MPI messages into private staging.
 #pragma once
@@ -24,7 +25,7 @@
 namespace fathom::ep::internal {
 
 constexpr uint32_t kHeaderMagic = 0x31465045;  // "EPF1"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;       // 2: low-latency direct writes (flags, ll_routed)
 constexpr int kErrorText = 192;
 
 enum class Op : uint8_t { kNone = 0, kDispatch, kDispatchCached, kCombine, kLlDispatch, kLlCombine };
@@ -43,16 +44,21 @@ struct CallHeader {
   int32_t num_experts = 0;
   int32_t error = 0;     // StatusCode of a local error, 0 if none
   int32_t num_rows = 0;  // low-latency messages: rows that follow
+  int32_t flags = 0;     // kLlDirect
   uint64_t handle_id = 0;
   char error_text[kErrorText] = {};
 };
 static_assert(sizeof(CallHeader) == 240);
+// Low-latency dispatch: the sender wrote its rows into their slots of every node peer's output
+// (the receivers copy nothing from its staging).
+constexpr int32_t kLlDirect = 1;
 
 // Control words of a rank (first bytes of its block), each on its own cache line.
 struct RankCtrl {
   alignas(64) uint32_t progress;  // normal mode: seq * 4 + phase (1 header published, 2 rows written)
   uint32_t progress_op;           // Op of that seq
-  alignas(64) uint32_t ll_sent;   // last low-latency dispatch published
+  alignas(64) uint32_t ll_routed;  // last low-latency dispatch whose header and top-k ids are out
+  alignas(64) uint32_t ll_sent;    // last low-latency dispatch published
   alignas(64) uint32_t ll_ready;  // last low-latency combine input published
   alignas(64) uint32_t sleepers;  // waiters blocked on any of these words
 };
@@ -62,6 +68,7 @@ struct BlockLayout {
   uint64_t ctrl = 0, nheader[2] = {0, 0}, llheader[2] = {0, 0}, llcheader[2] = {0, 0}, llbase = 0;
   uint64_t a_x = 0, a_scales = 0, a_idx = 0, a_w = 0, a_src = 0, b_x[2] = {0, 0};
   uint64_t s_x[2] = {0, 0}, s_scales[2] = {0, 0}, s_idx[2] = {0, 0}, e_x = 0;
+  uint64_t ll_x[2] = {0, 0}, ll_sc[2] = {0, 0};  // low-latency outputs [L, R*T], by call parity
   uint64_t bytes = 0;
 };
 
@@ -105,9 +112,9 @@ struct EpGroup::Impl {
   uint8_t* proxy_stage = nullptr;  // hierarchical: rows forwarded by this proxy, per proxied source
   uint64_t proxy_stride = 0;
   uint8_t* proxy_pack = nullptr;  // hierarchical combine: partial sums per proxied source
-  uint8_t* ll_out = nullptr;      // low latency: [L, R*T] rows, scales, src info
+  uint8_t* ll_out = nullptr;      // low latency: this call's [L, R*T] rows and scales (shared, by parity)
   float* ll_out_scales = nullptr;
-  int32_t* ll_out_src = nullptr;
+  int32_t* ll_out_src = nullptr;  // [L, R*T] source rank and token (private)
   uint8_t* ll_in = nullptr;  // low latency: messages from remote ranks, per remote rank
   uint64_t ll_in_stride = 0;
   uint8_t* ll_pack = nullptr;  // low latency: messages to remote ranks (dispatch and combine)
@@ -145,6 +152,8 @@ struct EpGroup::Impl {
   std::vector<const internal::CallHeader*> ll_hdr;  // [R]
   std::vector<int32_t> ll_prefix;  // [E]: rows before expert e's in the reply of its (remote) rank
   std::vector<int32_t> ll_cursor;  // [L]
+  bool ll_direct_ok = false;       // opt.ll_direct_write and every lower rank shares this node
+  std::vector<int32_t> ll_lower;   // [E]: rows the lower ranks send to expert e this call
 
   Impl(int max_words, int max_requests)
       : waiter(max_words, max_requests), ll_waiter(max_words, max_requests) {}

@@ -1,13 +1,16 @@
-// Low-latency mode. No counts pre-exchange: every sender publishes its encoded rows and top-k
-// ids once (shared-memory staging, double-buffered by call parity, so a sender can run one call
-// ahead without overwriting what a slow receiver still reads), and sends one message of exact
-// size to each rank on another node; receivers post capacity-sized receives. ll_dispatch_recv
-// waits, checks every rank's header, and pulls rows into [L, R*T] slots whose positions are a
-// pure function of the routing: expert e's rows from source 0 first, then source 1, each in
-// source token order (no atomics, the same on every run). Combine pulls the expert outputs back
-// to each token's owner (shared memory) or sends them in expert order (MPI) and sums
+// Low-latency mode. No counts pre-exchange: every sender publishes its top-k ids and encoded rows
+// once (shared-memory staging, double-buffered by call parity, so a sender can run one call ahead
+// without overwriting what a slow receiver still reads), and sends one message of exact size to
+// each rank on another node; receivers post capacity-sized receives. Rows land in [L, R*T] slots
+// (double-buffered outputs in shared memory) whose positions are a pure function of the routing:
+// expert e's rows from source 0 first, then source 1, each in source token order (no atomics, the
+// same on every run). A sender whose lower ranks share its node writes its rows into the node
+// peers' slots itself as it encodes them (direct writes); ll_dispatch_recv waits, checks every
+// rank's header, and copies the rest from the stagings and messages. Combine pulls the expert
+// outputs back to each token's owner (shared memory) or sends them in expert order (MPI) and sums
 // weight * row over the top-k slots in ascending k, in f32.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "base/thread_pool.h"
@@ -64,26 +67,126 @@ Status validate_send(const EpGroup::Impl& m, const DispatchInput& in) {
   return internal::check_topk_ids(in.topk_idx, in.x.dim(0), m.opt.topk, m.opt.num_experts);
 }
 
-// Encodes this rank's tokens into its staging and numbers each (token, expert) pair.
-void stage_tokens(EpGroup::Impl& m, const DispatchInput& in, int p) {
+// Numbers each (token, expert) pair: the token's position among this rank's tokens choosing it.
+void number_tokens(EpGroup::Impl& m, const DispatchInput& in) {
+  std::fill(m.ll_mycount.begin(), m.ll_mycount.end(), 0);
+  for (int64_t i = 0; i < m.ll_tokens * m.opt.topk; ++i) {
+    const int32_t e = in.topk_idx[i];
+    m.ll_slot[static_cast<size_t>(i)] = e < 0 ? -1 : m.ll_mycount[static_cast<size_t>(e)]++;
+  }
+}
+
+// Direct writes. A sender can put its rows straight into their slots of the node peers' outputs
+// once it knows how many rows each lower rank puts before its own in every expert, which is the
+// lower ranks' top-k ids: every rank publishes its header and ids (ll_routed) before encoding.
+// Whether the lower ranks of this call are out, agree on the row format and made no error:
+// kWait (not all out yet), kReady, or kNever (no direct writes this call; the receive reports
+// the disagreement or the error on every rank).
+enum class Lower { kWait, kReady, kNever };
+Lower lower_ranks(const EpGroup::Impl& m, const CallHeader& h, int p) {
+  for (int s = 0; s < m.rank; ++s)
+    if (!internal::word_reached(internal::load_word(&m.ctrl(s)->ll_routed), h.seq)) return Lower::kWait;
+  for (int s = 0; s < m.rank; ++s) {
+    const CallHeader& o = *reinterpret_cast<const CallHeader*>(m.at(s, m.blk.llheader[p]));
+    if (o.magic != h.magic || o.version != h.version || o.seq != h.seq || o.error != 0 ||
+        o.format != h.format || o.hidden != h.hidden || o.topk != h.topk || o.num_experts != h.num_experts ||
+        o.num_tokens < 0 || o.num_tokens > m.T)
+      return Lower::kNever;
+  }
+  return Lower::kReady;
+}
+
+// ll_lower[e]: rows the lower ranks send to expert e (they come first in its slots).
+void count_lower(EpGroup::Impl& m, int p) {
   const int K = m.opt.topk;
+  std::fill(m.ll_lower.begin(), m.ll_lower.end(), 0);
+  for (int s = 0; s < m.rank; ++s) {
+    const int32_t* idx = reinterpret_cast<const int32_t*>(m.at(s, m.blk.s_idx[p]));
+    const int64_t n = reinterpret_cast<const CallHeader*>(m.at(s, m.blk.llheader[p]))->num_tokens * K;
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] >= 0) m.ll_lower[static_cast<size_t>(idx[i])]++;
+  }
+}
+
+// The slots of token t on this node's ranks: rows and (kFP8) scales. Returns how many.
+int direct_slots(const EpGroup::Impl& m, const int32_t* topk, int64_t t, int p, uint8_t** dsts,
+                 float** dst_scales) {
+  const int K = m.opt.topk, L = m.L;
+  const uint64_t row = ll_row(m), slots = slots_per_expert(m);
+  const int64_t S = ll_S(m);
+  int nd = 0;
+  for (int k = 0; k < K; ++k) {
+    const int32_t e = topk[t * K + k];
+    if (e < 0 || !m.is_local(e / L)) continue;
+    const uint64_t slot = static_cast<uint64_t>(e % L) * slots +
+                          static_cast<uint64_t>(m.ll_lower[static_cast<size_t>(e)]) +
+                          static_cast<uint64_t>(m.ll_slot[static_cast<size_t>(t * K + k)]);
+    dsts[nd] = m.at(e / L, m.blk.ll_x[p]) + slot * row;
+    dst_scales[nd] = S ? reinterpret_cast<float*>(m.at(e / L, m.blk.ll_sc[p])) + slot * S : nullptr;
+    ++nd;
+  }
+  return nd;
+}
+
+// Tokens [t0, t1): encoded into this rank's staging and, when `direct`, streamed to their slots
+// group by group (staged tokens go to their slots later, from the staging, when `copy`). Returns
+// the rows written to slots.
+int64_t encode_tokens(EpGroup::Impl& m, const DispatchInput& in, int p, int64_t t0, int64_t t1, bool direct,
+                      bool copy) {
   const uint64_t row = ll_row(m);
   const int64_t S = ll_S(m);
   uint8_t* sx = m.at(m.rank, m.blk.s_x[p]);
   float* ss = reinterpret_cast<float*>(m.at(m.rank, m.blk.s_scales[p]));
   const bool bf16 = in.x.dtype == DType::kBF16;
-  default_pool().parallel_for(m.ll_tokens, 16, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t)
-      internal::encode_row(in.x.row_ptr(t), bf16, m.ll_format, m.ll_hidden,
-                           sx + static_cast<uint64_t>(t) * row, ss + t * S);
+  std::atomic<int64_t> written{0};
+  default_pool().parallel_for(t1 - t0, 16, [&](int64_t i0, int64_t i1, int) {
+    uint8_t* dsts[64];
+    float* dsc[64];
+    int64_t rows = 0;
+    for (int64_t t = t0 + i0; t < t0 + i1; ++t) {
+      uint8_t* stage = sx + static_cast<uint64_t>(t) * row;
+      float* scales = ss + t * S;
+      const int nd = direct || copy ? direct_slots(m, in.topk_idx, t, p, dsts, dsc) : 0;
+      if (copy) {
+        internal::copy_row_stream_multi(dsts, nd, stage, row);
+        for (int k = 0; k < nd && S; ++k) std::memcpy(dsc[k], scales, static_cast<size_t>(S) * 4);
+      } else if (direct) {
+        internal::encode_row_multi(in.x.row_ptr(t), bf16, m.ll_format, m.ll_hidden, stage, scales, dsts, dsc,
+                                   nd);
+      } else {
+        internal::encode_row(in.x.row_ptr(t), bf16, m.ll_format, m.ll_hidden, stage, scales);
+      }
+      rows += nd;
+    }
+    if (rows) internal::stream_fence();  // the rows are published by ll_sent, after this returns
+    written += rows;
   });
-  if (m.ll_tokens > 0)
-    std::memcpy(m.at(m.rank, m.blk.s_idx[p]), in.topk_idx, static_cast<size_t>(m.ll_tokens * K) * 4);
-  std::fill(m.ll_mycount.begin(), m.ll_mycount.end(), 0);
-  for (int64_t i = 0; i < m.ll_tokens * K; ++i) {
-    const int32_t e = in.topk_idx[i];
-    m.ll_slot[static_cast<size_t>(i)] = e < 0 ? -1 : m.ll_mycount[static_cast<size_t>(e)]++;
+  return written.load();
+}
+
+// Encodes this rank's tokens, writing them into their node peers' outputs when the lower ranks'
+// ids are known: checked before every block of tokens, so a late lower rank only costs the rows
+// staged before it appeared (copied to their slots then). Returns the header flags.
+int32_t send_tokens(EpGroup::Impl& m, const DispatchInput& in, const CallHeader& h, int p) {
+  constexpr int64_t kBlock = 16;
+  const int64_t n = m.ll_tokens;
+  Lower lower = m.ll_direct_ok ? lower_ranks(m, h, p) : Lower::kNever;
+  int64_t t0 = 0;
+  while (lower == Lower::kWait && t0 < n) {
+    const int64_t t1 = std::min(n, t0 + kBlock);
+    encode_tokens(m, in, p, t0, t1, false, false);
+    t0 = t1;
+    lower = lower_ranks(m, h, p);
   }
+  if (lower != Lower::kReady) {
+    encode_tokens(m, in, p, t0, n, false, false);
+    return 0;
+  }
+  count_lower(m, p);
+  int64_t rows = encode_tokens(m, in, p, 0, t0, false, true);
+  rows += encode_tokens(m, in, p, t0, n, true, false);
+  m.bytes_moved += static_cast<uint64_t>(rows) * (ll_row(m) + static_cast<uint64_t>(ll_S(m)) * 4);
+  return internal::kLlDirect;
 }
 
 // One message per rank on another node: the tokens that picked any of its experts.
@@ -129,6 +232,7 @@ void pack_dispatch_messages(EpGroup::Impl& m, const CallHeader& h, int p) {
                                   }
                                   CallHeader mh = h;
                                   mh.num_rows = static_cast<int32_t>(n);
+                                  mh.flags = 0;
                                   std::memcpy(msg, &mh, sizeof(mh));
                                 }
                               });
@@ -202,9 +306,16 @@ int64_t plan_receive(EpGroup::Impl& m, int p) {
   int64_t nj = 0;
   for (int s = 0; s < R; ++s) {
     std::fill(m.ll_cursor.begin(), m.ll_cursor.end(), 0);
+    // A source that wrote its rows into this output itself leaves only their source info.
+    const bool direct = m.is_local(s) && (m.ll_hdr[static_cast<size_t>(s)]->flags & internal::kLlDirect);
     for_each_row(s, [&](int le, int64_t t, const uint8_t* src, const float* sc) {
       const int64_t dst = static_cast<int64_t>(le) * static_cast<int64_t>(slots_per_expert(m)) +
                           base[le * R + s] + m.ll_cursor[static_cast<size_t>(le)]++;
+      if (direct) {
+        m.ll_out_src[2 * dst] = s;
+        m.ll_out_src[2 * dst + 1] = static_cast<int32_t>(t);
+        return;
+      }
       m.jobs[static_cast<size_t>(nj++)] = {src, sc, static_cast<int32_t>(dst), s, static_cast<int32_t>(t)};
     });
   }
@@ -244,8 +355,17 @@ Status EpGroup::ll_dispatch_send(const DispatchInput& in) {
   h.num_experts = m.opt.num_experts;
   internal::set_error(&h, local);
   Timer copy;
-  if (local.ok()) stage_tokens(m, in, p);
+  // The header and ids first: the higher ranks of this node place their rows after this one's.
+  internal::RankCtrl* c = m.ctrl(m.rank);
+  if (local.ok() && m.ll_tokens > 0)
+    std::memcpy(m.at(m.rank, m.blk.s_idx[p]), in.topk_idx, static_cast<size_t>(m.ll_tokens * m.opt.topk) * 4);
   std::memcpy(m.at(m.rank, m.blk.llheader[p]), &h, sizeof(h));
+  internal::publish_word(&c->ll_routed, seq, &c->sleepers);
+  if (local.ok()) {
+    number_tokens(m, in);
+    h.flags = send_tokens(m, in, h, p);
+    reinterpret_cast<CallHeader*>(m.at(m.rank, m.blk.llheader[p]))->flags = h.flags;
+  }
   m.ll_waiter.reset(m.opt.timeout_ms, m.opt.spin_us);
   for (size_t si = 0; si < m.remote_ranks.size(); ++si)
     MPI_Irecv(m.ll_in + si * m.ll_in_stride, static_cast<int>(m.ll_in_stride), MPI_BYTE, m.remote_ranks[si],
@@ -261,7 +381,6 @@ Status EpGroup::ll_dispatch_send(const DispatchInput& in) {
         m.ll_waiter.add_request(m.remote_ranks[di], "delivery of this rank's low-latency dispatch message"));
     m.bytes_moved += bytes;
   }
-  internal::RankCtrl* c = m.ctrl(m.rank);
   internal::publish_word(&c->ll_sent, seq, &c->sleepers);
   m.ll_state = LlState::kSent;
   m.times.total_s = total.elapsed_s();
@@ -295,6 +414,8 @@ Status EpGroup::ll_dispatch_recv(LowLatencyOutput* out) {
     return s;
   }
   Timer copy;
+  m.ll_out = m.at(m.rank, m.blk.ll_x[p]);
+  m.ll_out_scales = reinterpret_cast<float*>(m.at(m.rank, m.blk.ll_sc[p]));
   const int64_t nj = plan_receive(m, p);
   const uint64_t row = ll_row(m);
   const int64_t S = ll_S(m);

@@ -1,8 +1,11 @@
 // Low-latency dispatch and combine across ranks: against the MPI_Alltoallv oracle's unpacked
 // layout (bit for bit), against normal-mode rows of the same tokens, and against Σ_k w_k f(x).
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
+#include <thread>
 
 #include "ep_test_util.h"
 
@@ -21,6 +24,28 @@ std::map<std::pair<int, int>, int64_t> rows_by_source(const DispatchOutput& out)
     for (int32_t i = out.rank_offset[s]; i < out.rank_offset[s + 1]; ++i)
       m[{s, out.src_token.ptr<int32_t>()[i]}] = i;
   return m;
+}
+
+// The same rows, scales and source info as the oracle's output, expert by expert.
+void expect_same_ll(const LowLatencyOutput& ll, const LowLatencyOutput& ref, const std::string& what) {
+  const int64_t slots = ll.x.dim(1);
+  for (int e = 0; e < ll.x.dim(0); ++e) {
+    ASSERT_EQ(ll.count[e], ref.count[e]) << what << ", expert " << e;
+    const int64_t first = e * slots;
+    const uint64_t rb = ll.x.row_bytes();
+    EXPECT_EQ(
+        0, std::memcmp(ll.x.ptr<uint8_t>() + first * rb, ref.x.ptr<uint8_t>() + first * rb, ll.count[e] * rb))
+        << what << ", rows of expert " << e;
+    EXPECT_EQ(0, std::memcmp(ll.src_info.ptr<int32_t>() + first * 2, ref.src_info.ptr<int32_t>() + first * 2,
+                             ll.count[e] * 8))
+        << what << ", source info of expert " << e;
+    if (ll.x_scales.data) {
+      const int64_t S = ll.x_scales.cols();
+      EXPECT_EQ(0, std::memcmp(ll.x_scales.ptr<float>() + first * S, ref.x_scales.ptr<float>() + first * S,
+                               ll.count[e] * S * 4))
+          << what << ", scales of expert " << e;
+    }
+  }
 }
 
 TEST(EpLowLatency, DispatchMatchesTheOracleAndNormalMode) {
@@ -43,20 +68,7 @@ TEST(EpLowLatency, DispatchMatchesTheOracleAndNormalMode) {
     EP_ASSERT_OK((*oracle)->dispatch_ll(r.input(fmt), &ref));
     ASSERT_EQ(ll.x.dim(0), L);
     ASSERT_EQ(ll.x.dim(1), slots);
-    for (int e = 0; e < L; ++e) {
-      ASSERT_EQ(ll.count[e], ref.count[e]) << "expert " << e;
-      const int64_t first = e * slots;
-      const uint64_t rb = ll.x.row_bytes();
-      EXPECT_EQ(0, std::memcmp(ll.x.ptr<uint8_t>() + first * rb, ref.x.ptr<uint8_t>() + first * rb,
-                               ll.count[e] * rb));
-      EXPECT_EQ(0, std::memcmp(ll.src_info.ptr<int32_t>() + first * 2,
-                               ref.src_info.ptr<int32_t>() + first * 2, ll.count[e] * 8));
-      if (fmt == WireFormat::kFP8) {
-        const int64_t S = ll.x_scales.cols();
-        EXPECT_EQ(0, std::memcmp(ll.x_scales.ptr<float>() + first * S, ref.x_scales.ptr<float>() + first * S,
-                                 ll.count[e] * S * 4));
-      }
-    }
+    expect_same_ll(ll, ref, std::string(wire_format_name(fmt)));
     // The low-latency rows are copies of the normal-mode rows of the same tokens.
     std::vector<uint8_t> ll_rows(static_cast<size_t>(ll.x.nbytes()));
     std::memcpy(ll_rows.data(), ll.x.data, ll_rows.size());
@@ -79,6 +91,40 @@ TEST(EpLowLatency, DispatchMatchesTheOracleAndNormalMode) {
           selects |= normal.topk_idx.ptr<int32_t>()[it->second * o.topk + k] == e;
         EXPECT_TRUE(selects) << "row " << i << " of expert " << e << " did not select it";
       }
+  }
+  EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
+}
+
+// Rows written straight into the receivers' outputs by their senders, and rows the receivers copy
+// from the senders' staging (a rank with ll_direct_write off; a lower rank that publishes late, so
+// a higher one stages its first rows, or all of them, before it can place them) give the oracle's
+// outputs. Rows of whole 64-byte lines, so the streaming encoder runs (hidden 1088: 8.5 FP8
+// groups, a partial one).
+TEST(EpLowLatency, DirectWritesAndStagedCopiesGiveTheOraclesOutputs) {
+  for (int variant = 0; variant < 2; ++variant) {
+    EpOptions o = base_options();
+    o.hidden = 1088;
+    o.max_tokens_per_rank = 512;  // enough blocks of tokens for a late rank to appear among them
+    o.ll_direct_write = variant == 0 || world_rank() % 2 == 0;  // variant 1: odd ranks stage
+    auto g = EpGroup::create(MPI_COMM_WORLD, o);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    auto oracle = AlltoallvBaseline::create(MPI_COMM_WORLD, o);
+    ASSERT_TRUE(oracle.ok());
+    Rng rng(shared_seed("EpLowLatency.Direct") + static_cast<uint64_t>(world_rank()) * 7919 +
+            static_cast<uint64_t>(variant));
+    int iter = 0;
+    for (int delay_us : {0, 20, 60, 150, 400, 1500, 40000, 0}) {
+      const WireFormat fmt = iter++ % 2 == 0 ? WireFormat::kFP8 : WireFormat::kBF16;
+      const int64_t tokens = o.max_tokens_per_rank - static_cast<int64_t>(rng.below(8));
+      Routing r = random_routing(rng, tokens, o.hidden, o.topk, o.num_experts, 0.05);
+      if (world_rank() == 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      LowLatencyOutput ll, ref;
+      EP_ASSERT_OK((*g)->ll_dispatch(r.input(fmt), &ll));
+      EP_ASSERT_OK((*oracle)->dispatch_ll(r.input(fmt), &ref));
+      expect_same_ll(
+          ll, ref,
+          "variant " + std::to_string(variant) + ", rank 0 late by " + std::to_string(delay_us) + " us");
+    }
   }
   EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
 }
