@@ -360,7 +360,7 @@ Status EpGroup::ll_dispatch_send(const DispatchInput& in) {
   if (local.ok() && m.ll_tokens > 0)
     std::memcpy(m.at(m.rank, m.blk.s_idx[p]), in.topk_idx, static_cast<size_t>(m.ll_tokens * m.opt.topk) * 4);
   std::memcpy(m.at(m.rank, m.blk.llheader[p]), &h, sizeof(h));
-  internal::publish_word(&c->ll_routed, seq, &c->sleepers);
+  internal::store_word(&c->ll_routed, seq);  // polled by the higher ranks, never waited on
   if (local.ok()) {
     number_tokens(m, in);
     h.flags = send_tokens(m, in, h, p);

@@ -44,6 +44,10 @@ void publish_word(uint32_t* word, uint32_t value, uint32_t* sleepers) {
   if (atomic_word(sleepers).load(std::memory_order_seq_cst) != 0) futex_wake_all(word);
 }
 
+void store_word(uint32_t* word, uint32_t value) {
+  atomic_word(word).store(value, std::memory_order_release);
+}
+
 uint32_t load_word(const uint32_t* word) {
   return atomic_word(word).load(std::memory_order_acquire);
 }

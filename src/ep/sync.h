@@ -19,6 +19,8 @@ namespace fathom::ep::internal {
 // Owner side: value becomes visible after every earlier write; sleepers counts blocked waiters.
 void publish_word(uint32_t* word, uint32_t value, uint32_t* sleepers);
 uint32_t load_word(const uint32_t* word);
+// A word nobody blocks on (peers only poll it): the release store alone, no futex wake.
+void store_word(uint32_t* word, uint32_t value);
 inline bool word_reached(uint32_t current, uint32_t target) {
   return static_cast<int32_t>(current - target) >= 0;
 }
