@@ -40,6 +40,7 @@ struct EpBenchOptions {
   int warmup = 3;
   int ranks_per_node = 0;
   bool hierarchical = false;
+  bool no_direct = false;
   std::string bw_bytes = "256M";
   int64_t seed = 1;
   bool json = false;
@@ -302,6 +303,7 @@ Status parse_setup(Setup& s, const Args& args) {
   s.eo.low_latency_mode = s.ll;
   s.eo.ranks_per_node = o.ranks_per_node;
   s.eo.hierarchical = o.hierarchical;
+  s.eo.ll_direct_write = !o.no_direct;
   (void)args;
   return {};
 }
@@ -353,6 +355,8 @@ int run_ep_bench(int argc, char** argv) {
               "0: ranks sharing memory; k: nodes of k ranks (1: all MPI)");
   args.flag("--hierarchical", &o.hierarchical,
             "inter-node: one copy per destination node, fan out in the node");
+  args.flag("--no-direct", &o.no_direct,
+            "low-latency: receivers copy every row from the senders' staging (no direct writes)");
   args.option("--bw-bytes", &o.bw_bytes, "buffer swept to measure copy bandwidth", "SIZE");
   args.option("--seed", &o.seed, "routing and data seed");
   args.flag("--json", &o.json, "print one JSON object");
@@ -416,6 +420,7 @@ int run_ep_bench(int argc, char** argv) {
                         {"ranks", s.ranks},
                         {"nodes", (*group)->num_nodes()},
                         {"hierarchical", o.hierarchical},
+                        {"direct_writes", !o.no_direct},
                         {"tokens_per_rank", o.tokens},
                         {"hidden", o.hidden},
                         {"topk", o.topk},
