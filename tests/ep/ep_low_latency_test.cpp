@@ -113,17 +113,21 @@ TEST(EpLowLatency, DirectWritesAndStagedCopiesGiveTheOraclesOutputs) {
     Rng rng(shared_seed("EpLowLatency.Direct") + static_cast<uint64_t>(world_rank()) * 7919 +
             static_cast<uint64_t>(variant));
     int iter = 0;
-    for (int delay_us : {0, 20, 60, 150, 400, 1500, 40000, 0}) {
-      const WireFormat fmt = iter++ % 2 == 0 ? WireFormat::kFP8 : WireFormat::kBF16;
+    for (int delay_us : {0, 20, 60, 150, 400, 1500, 40000, 0, 300, 3000}) {
+      const WireFormat fmt = iter % 2 == 0 ? WireFormat::kFP8 : WireFormat::kBF16;
+      // The late rank: rank 0 first (every other rank waits on it), then ranks 1 and 2 (modulo the
+      // ranks; with 4, rank 2 late leaves ranks 0-1 direct and rank 3 staging).
+      const int late = iter < 8 ? 0 : (iter - 8 + 1) % world_size();
+      ++iter;
       const int64_t tokens = o.max_tokens_per_rank - static_cast<int64_t>(rng.below(8));
       Routing r = random_routing(rng, tokens, o.hidden, o.topk, o.num_experts, 0.05);
-      if (world_rank() == 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      if (world_rank() == late) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       LowLatencyOutput ll, ref;
       EP_ASSERT_OK((*g)->ll_dispatch(r.input(fmt), &ll));
       EP_ASSERT_OK((*oracle)->dispatch_ll(r.input(fmt), &ref));
-      expect_same_ll(
-          ll, ref,
-          "variant " + std::to_string(variant) + ", rank 0 late by " + std::to_string(delay_us) + " us");
+      expect_same_ll(ll, ref,
+                     "variant " + std::to_string(variant) + ", rank " + std::to_string(late) + " late by " +
+                         std::to_string(delay_us) + " us");
     }
   }
   EXPECT_TRUE(all_ranks(!::testing::Test::HasFailure()));
