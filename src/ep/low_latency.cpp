@@ -79,19 +79,17 @@ void number_tokens(EpGroup::Impl& m, const DispatchInput& in) {
 // Direct writes. A sender can put its rows straight into their slots of the node peers' outputs
 // once it knows how many rows each lower rank puts before its own in every expert, which is the
 // lower ranks' top-k ids: every rank publishes its header and ids (ll_routed) before encoding.
-// Whether the lower ranks of this call are out, agree on the row format and made no error:
-// kWait (not all out yet), kReady, or kNever (no direct writes this call; the receive reports
-// the disagreement or the error on every rank).
+// Whether the lower ranks' ids for this call are out and usable: kWait (not all out yet), kReady,
+// or kNever (a lower rank failed, so its ids were not checked; no direct writes this call). Only
+// what the slot positions depend on is checked: a lower rank that disagrees on anything else
+// fails the call on every rank in ll_dispatch_recv, and rows written into it stay in bounds.
 enum class Lower { kWait, kReady, kNever };
 Lower lower_ranks(const EpGroup::Impl& m, const CallHeader& h, int p) {
   for (int s = 0; s < m.rank; ++s)
     if (!internal::word_reached(internal::load_word(&m.ctrl(s)->ll_routed), h.seq)) return Lower::kWait;
   for (int s = 0; s < m.rank; ++s) {
     const CallHeader& o = *reinterpret_cast<const CallHeader*>(m.at(s, m.blk.llheader[p]));
-    if (o.magic != h.magic || o.version != h.version || o.seq != h.seq || o.error != 0 ||
-        o.format != h.format || o.hidden != h.hidden || o.topk != h.topk || o.num_experts != h.num_experts ||
-        o.num_tokens < 0 || o.num_tokens > m.T)
-      return Lower::kNever;
+    if (o.seq != h.seq || o.error != 0 || o.num_tokens < 0 || o.num_tokens > m.T) return Lower::kNever;
   }
   return Lower::kReady;
 }
@@ -128,11 +126,13 @@ int direct_slots(const EpGroup::Impl& m, const int32_t* topk, int64_t t, int p, 
   return nd;
 }
 
-// Tokens [t0, t1): encoded into this rank's staging and, when `direct`, streamed to their slots
-// group by group (staged tokens go to their slots later, from the staging, when `copy`). Returns
-// the rows written to slots.
-int64_t encode_tokens(EpGroup::Impl& m, const DispatchInput& in, int p, int64_t t0, int64_t t1, bool direct,
-                      bool copy) {
+// What encode_tokens does with each token: encode it into this rank's staging only (kStage), also
+// stream it into its slots group by group as it is encoded (kDirect), or copy it, staged earlier,
+// from the staging into its slots (kPlace).
+enum class Rows { kStage, kDirect, kPlace };
+
+// Tokens [t0, t1) as `mode` says. Returns the rows written to slots.
+int64_t encode_tokens(EpGroup::Impl& m, const DispatchInput& in, int p, int64_t t0, int64_t t1, Rows mode) {
   const uint64_t row = ll_row(m);
   const int64_t S = ll_S(m);
   uint8_t* sx = m.at(m.rank, m.blk.s_x[p]);
@@ -146,11 +146,11 @@ int64_t encode_tokens(EpGroup::Impl& m, const DispatchInput& in, int p, int64_t 
     for (int64_t t = t0 + i0; t < t0 + i1; ++t) {
       uint8_t* stage = sx + static_cast<uint64_t>(t) * row;
       float* scales = ss + t * S;
-      const int nd = direct || copy ? direct_slots(m, in.topk_idx, t, p, dsts, dsc) : 0;
-      if (copy) {
+      const int nd = mode == Rows::kStage ? 0 : direct_slots(m, in.topk_idx, t, p, dsts, dsc);
+      if (mode == Rows::kPlace) {
         internal::copy_row_stream_multi(dsts, nd, stage, row);
         for (int k = 0; k < nd && S; ++k) std::memcpy(dsc[k], scales, static_cast<size_t>(S) * 4);
-      } else if (direct) {
+      } else if (mode == Rows::kDirect) {
         internal::encode_row_multi(in.x.row_ptr(t), bf16, m.ll_format, m.ll_hidden, stage, scales, dsts, dsc,
                                    nd);
       } else {
@@ -174,17 +174,17 @@ int32_t send_tokens(EpGroup::Impl& m, const DispatchInput& in, const CallHeader&
   int64_t t0 = 0;
   while (lower == Lower::kWait && t0 < n) {
     const int64_t t1 = std::min(n, t0 + kBlock);
-    encode_tokens(m, in, p, t0, t1, false, false);
+    encode_tokens(m, in, p, t0, t1, Rows::kStage);
     t0 = t1;
     lower = lower_ranks(m, h, p);
   }
   if (lower != Lower::kReady) {
-    encode_tokens(m, in, p, t0, n, false, false);
+    encode_tokens(m, in, p, t0, n, Rows::kStage);
     return 0;
   }
   count_lower(m, p);
-  int64_t rows = encode_tokens(m, in, p, 0, t0, false, true);
-  rows += encode_tokens(m, in, p, t0, n, true, false);
+  int64_t rows = encode_tokens(m, in, p, 0, t0, Rows::kPlace);
+  rows += encode_tokens(m, in, p, t0, n, Rows::kDirect);
   m.bytes_moved += static_cast<uint64_t>(rows) * (ll_row(m) + static_cast<uint64_t>(ll_S(m)) * 4);
   return internal::kLlDirect;
 }
