@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/ab.h"
 #include "base/check.h"
 #include "base/rng.h"
 #include "base/strings.h"
@@ -31,6 +32,7 @@ struct MoeBenchOptions {
   std::string tokens = "1,512";
   double seconds = 0.5;
   bool json = false;
+  bool ab = false;
 };
 
 struct Storage {
@@ -85,7 +87,8 @@ void route(Rng& rng, const MoeExpertsParams& p, int64_t T, std::vector<int32_t>&
 
 // Times moe_experts over T tokens for about `seconds`; returns the JSON record.
 nlohmann::json run_tokens(const MoeExpertsParams& p, std::span<const ExpertWeights> experts, DType dtype,
-                          int64_t T, double seconds, MoeWorkspace& ws, const Limits& lim, bool print) {
+                          int64_t T, double seconds, MoeWorkspace& ws, const Limits& lim, bool print,
+                          bool ab) {
   ThreadPool& pool = default_pool();
   Rng rng(static_cast<uint64_t>(T) * 7 + 1);
   std::vector<float> x(static_cast<size_t>(T * p.hidden)), y(x.size()),
@@ -97,32 +100,50 @@ nlohmann::json run_tokens(const MoeExpertsParams& p, std::span<const ExpertWeigh
   moe_experts(p, experts, x.data(), T, ids.data(), w.data(), y.data(), false, ws, pool);  // warm-up
   const uint64_t expert_bytes = 3 * dtype_bytes(dtype, static_cast<uint64_t>(p.inter * p.hidden));
   double busy = 0, bytes = 0;
+  double ab_busy[2] = {0, 0}, ab_bytes[2] = {0, 0};  // --ab: by variant (calls alternate)
   int64_t calls = 0;
   Timer total;
   while (total.elapsed_s() < seconds || calls < 3) {
     route(rng, p, T, ids);
     std::fill(used.begin(), used.end(), 0);
     for (int32_t e : ids) used[static_cast<size_t>(e)] = 1;
-    bytes += static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(expert_bytes);
+    const double call_bytes =
+        static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(expert_bytes);
+    bytes += call_bytes;
+    const int v = static_cast<int>(calls % 2);
+    if (ab) ab::set_variant(v);
     Timer t;
     moe_experts(p, experts, x.data(), T, ids.data(), w.data(), y.data(), false, ws, pool);
-    busy += t.elapsed_s();
+    const double el = t.elapsed_s();
+    busy += el;
+    ab_busy[v] += el;
+    ab_bytes[v] += call_bytes;
     ++calls;
   }
+  if (ab) ab::set_variant(0);
   const double sec = busy / static_cast<double>(calls);
   const double flops = 2.0 * 3.0 * static_cast<double>(T * p.top_k) * static_cast<double>(p.inter * p.hidden);
   const double gbs = bytes / busy * 1e-9, gflops = flops / sec * 1e-9;
   const double pk = lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0;
+  // --ab: each variant's weight bytes over its own time (the routing differs call by call)
+  const double g0 = ab_busy[0] > 0 ? ab_bytes[0] / ab_busy[0] * 1e-9 : 0.0,
+               g1 = ab_busy[1] > 0 ? ab_bytes[1] / ab_busy[1] * 1e-9 : 0.0;
   if (print) {
-    std::printf("%7lld %10.3f %10.1f %8.1f %8.3f %9.1f %8.3f\n", static_cast<long long>(T), sec * 1e3,
+    std::printf("%7lld %10.3f %10.1f %8.1f %8.3f %9.1f %8.3f", static_cast<long long>(T), sec * 1e3,
                 static_cast<double>(T) / sec, gbs, gbs / lim.bw.read_gbs, gflops, pk);
+    if (ab)
+      std::printf("   A/B: variant 0 %.2f GB/s, 1 %.2f GB/s, 1 over 0 = %.4f", g0, g1,
+                  g0 > 0 ? g1 / g0 : 0.0);
+    std::printf("\n");
     std::fflush(stdout);
   }
-  return {{"tokens", T},        {"seconds_per_call", sec},
-          {"calls", calls},     {"weight_bytes_per_call", bytes / static_cast<double>(calls)},
-          {"flops", flops},     {"gbs", gbs},
-          {"gflops", gflops},   {"bandwidth_fraction", gbs / lim.bw.read_gbs},
-          {"peak_fraction", pk}};
+  nlohmann::json j = {{"tokens", T},        {"seconds_per_call", sec},
+                      {"calls", calls},     {"weight_bytes_per_call", bytes / static_cast<double>(calls)},
+                      {"flops", flops},     {"gbs", gbs},
+                      {"gflops", gflops},   {"bandwidth_fraction", gbs / lim.bw.read_gbs},
+                      {"peak_fraction", pk}};
+  if (ab) j["ab"] = {{"variant0_gbs", g0}, {"variant1_gbs", g1}, {"ratio", g0 > 0 ? g1 / g0 : 0.0}};
+  return j;
 }
 
 Result<MoeExpertsParams> preset_params(const MoeBenchOptions& o) {
@@ -145,6 +166,9 @@ int run_moe(int argc, char** argv) {
   args.option("--tokens", &o.tokens, "comma-separated token counts to run", "LIST");
   args.option("--seconds", &o.seconds, "time budget per token count");
   args.flag("--json", &o.json, "print one JSON object");
+  args.flag("--ab", &o.ab,
+            "alternate ab::variant() 0 and 1 call by call and report each one's GB/s (for measuring a "
+            "guarded code change in one process)");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
   if (!*parsed) return 0;
@@ -193,7 +217,7 @@ int run_moe(int argc, char** argv) {
   }
   nlohmann::json results = nlohmann::json::array();
   for (int64_t T : *tokens)
-    results.push_back(run_tokens(p, experts, *dtype, T, o.seconds, **ws, lim, !o.json));
+    results.push_back(run_tokens(p, experts, *dtype, T, o.seconds, **ws, lim, !o.json, o.ab));
   if (o.json) {
     nlohmann::json j = {{"threads", pool.size()},
                         {"preset", o.preset},
