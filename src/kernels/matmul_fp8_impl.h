@@ -72,13 +72,15 @@ inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool ac
 // the R rows once and dots them with every activation row; per 128-column block the sums are scaled
 // and added up in fp32. C accumulation chains per (weight row, activation row): 2 (the a and b
 // halves apart) when R * M is too small to hide the FMA latency, else 1.
-// `next`: the first of `next_rows` rows to prefetch, at the same columns as these rows are read:
-// rows of a few KiB are too short for the hardware prefetcher to ramp up on its own, and without
-// this a matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight leaves
-// many rows per cache line of arithmetic).
+// `next`: the first of `next_rows` rows to prefetch into L1, at the same columns as these rows are
+// read: rows of a few KiB are too short for the hardware prefetcher to ramp up on its own, and
+// without this a matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight
+// leaves many rows per cache line of arithmetic). `far`: `far_rows` rows further ahead, requested
+// into L2 only (see kFp8FarRows).
 template <class Conv, int R, int M, int C = 1>
 void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
-                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0) {
+                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0,
+                  const uint8_t* far = nullptr, int far_rows = 0) {
   static_assert(C == 1 || C == 2);
   __m512 tot[R][M];
   FATHOM_UNROLL
@@ -105,6 +107,8 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
     for (int64_t k = k0; k < kend; k += 64) {
       for (int i = 0; i < next_rows; ++i)
         _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T0);
+      for (int i = 0; i < far_rows; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(far + i * K + k), _MM_HINT_T1);
       const __mmask64 mask = lanes64(K - k);
       __m512i wa[R], wb[R];
       FATHOM_UNROLL
@@ -133,21 +137,36 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
+// Far prefetch of the row-wise kernels: besides the rows a few groups ahead requested into L1,
+// the rows this many ahead are requested into L2 (`prefetcht1`) at the same columns. One core of
+// the Xeon VMs keeps only ~16 L1 misses in flight, which a loop that also converts and multiplies
+// cannot keep busy; L2 requests add misses the core does not wait on. Two threads, [1408 x 2048]
+// fp8 from memory (`bench gemm`, model-167 Xeon VM, 2026-12-06), fraction of the read bandwidth
+// without / with: m = 1 0.84-0.92 / 0.91-0.97 (32 rows ahead; 16, where the L1 requests already
+// are, gained nothing, 24-48 alike), m = 2 0.54-0.60 / 0.79-0.84, m = 3 0.47-0.51 / 0.62-0.69
+// (the pair kernel: 6-12 rows ahead alike, 32 0.77 / 0.64, 64 0.73 / 0.63).
+inline constexpr int64_t kFp8FarRowsMatvec = 32;
+inline constexpr int64_t kFp8FarRowsPair = 8;
+
 // m = 1: four weight rows at a time, two accumulation chains each.
 template <class Conv>
 void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                      int64_t r0, int64_t r1) {
   const Conv conv;
   constexpr int R = 4;
-  // Rows 4 groups ahead are prefetched (the ones in between were requested before): 1 group ahead
-  // left a V2-Lite FP8 decode step 3.8% slower, 8 groups ahead (64 KiB, more than L1) 3.7% slower.
-  constexpr int64_t kAhead = 4 * R;
+  // Rows 4 groups ahead are prefetched into L1 (the ones in between were requested before): 1
+  // group ahead left a V2-Lite FP8 decode step 3.8% slower, 8 groups ahead (64 KiB, more than L1)
+  // 3.7% slower. The rows kFp8FarRowsMatvec ahead go to L2.
+  constexpr int64_t kAhead = 4 * R, kFar = kFp8FarRowsMatvec;
+  static_assert(kFar > kAhead && kFar % R == 0);
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * w.cols);
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
-    const int64_t nr = std::min<int64_t>(R, r1 - (r + kAhead));
+    const int64_t nr = std::min<int64_t>(R, r1 - (r + kAhead)), fr = std::min<int64_t>(R, r1 - (r + kFar));
     fp8_mv_chunk<Conv, R, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
-                                nr > 0 ? fp8_row(w, r + kAhead) : nullptr, static_cast<int>(nr));
+                                nr > 0 ? fp8_row(w, r + kAhead) : nullptr, static_cast<int>(nr),
+                                fr > 0 ? fp8_row(w, r + kFar) : nullptr,
+                                static_cast<int>(std::max<int64_t>(fr, 0)));
   }
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
@@ -162,22 +181,23 @@ inline constexpr int64_t kChunk = 4;
 // One chunk of mc (1..kChunk) activation rows starting at row m0, against weight rows [r, r + R).
 template <class Conv, int R>
 void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
-                      bool accumulate, int64_t r, int64_t m0, int mc, const uint8_t* next, int next_rows) {
+                      bool accumulate, int64_t r, int64_t m0, int mc, const uint8_t* next, int next_rows,
+                      const uint8_t* far, int far_rows) {
   const uint16_t* xb = x.bf16 + m0 * x.stride;
   float* yc = y + m0 * ldy;
   switch (mc) {
     case 1:
-      fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
       break;
     case 2:
-      fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
       break;
     case 3:
-      fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
       break;
     default:
       static_assert(kChunk == 4);
-      fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows);
+      fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
       break;
   }
 }
@@ -193,15 +213,16 @@ template <class Conv>
 concept HasPairKernel = Conv::kPairKernel;
 
 // Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel, which
-// leaves per-lane totals to reduce here; pf, pf + K: the rows to prefetch (these rows again when
-// there are no next ones). r is even, so r + 1 starts no 128-row group and both rows share a scale
-// row. Also requesting the rows 16 ahead into L2 made `bench moe` calls 1.05-1.11x faster but
-// batched decode steps 5.6% slower (steps alternated in one `bench serve` process), so it has none.
+// leaves per-lane totals to reduce here; pf, pf + K: the rows to prefetch into L1, far, far + K:
+// the rows to request into L2 (these rows again when there are none). r is even, so r + 1 starts
+// no 128-row group and both rows share a scale row. (An earlier try at L2 requests, 16 rows ahead,
+// made batched decode steps 5.6% slower; the one here, 8 ahead, 1.05-1.07x faster: docs/
+// PERFORMANCE.md, "Serving".)
 template <class Conv>
 void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
-              int64_t m0, int mc, const uint8_t* pf) {
+              int64_t m0, int mc, const uint8_t* pf, const uint8_t* far) {
   alignas(64) float tot[2][kChunk][16];
-  Conv::pair_kernel(mc, fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf,
+  Conv::pair_kernel(mc, fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf, far,
                     &tot[0][0][0]);
   for (int i = 0; i < mc; ++i) {
     float* yr = y + (m0 + i) * ldy + r;
@@ -228,17 +249,23 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
       const int mc = static_cast<int>((m - m0) / (n_chunks - c));
       int64_t r = rb;
       for (; r + R <= re; r += R) {
+        // the first chunk's sweep reads the rows from memory; later chunks find them in L1
         const int64_t nr = c == 0 ? std::min<int64_t>(R, r1 - (r + 2 * R)) : 0;
+        const int64_t fr = c == 0 ? std::min<int64_t>(R, r1 - (r + kFp8FarRowsPair)) : 0;
         if constexpr (HasPairKernel<Conv>) {
           if (pairs) {
-            fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, fp8_row(w, nr == R ? r + 2 * R : r));
+            fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, fp8_row(w, nr == R ? r + 2 * R : r),
+                           fp8_row(w, fr == R ? r + kFp8FarRowsPair : r));
             continue;
           }
         }
         fp8_mv_chunk_any<Conv, R>(conv, w, x, y, ldy, accumulate, r, m0, mc,
-                                  nr > 0 ? fp8_row(w, r + 2 * R) : nullptr, static_cast<int>(nr));
+                                  nr > 0 ? fp8_row(w, r + 2 * R) : nullptr, static_cast<int>(nr),
+                                  fr > 0 ? fp8_row(w, r + kFp8FarRowsPair) : nullptr,
+                                  static_cast<int>(std::max<int64_t>(fr, 0)));
       }
-      for (; r < re; ++r) fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, nullptr, 0);
+      for (; r < re; ++r)
+        fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, nullptr, 0, nullptr, 0);
       m0 += mc;
     }
   }
