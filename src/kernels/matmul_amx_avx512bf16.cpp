@@ -58,11 +58,14 @@ float* totals_buffer(int64_t floats) {
   return reinterpret_cast<float*>(buffer.data());
 }
 
-template <_mm_hint kHint = _MM_HINT_T0>
+// __builtin_prefetch localities (GCC and clang both emit these instructions for them)
+inline constexpr int kToL1 = 3;  // prefetcht0
+inline constexpr int kToL2 = 2;  // prefetcht1
+
+template <int kLocality = kToL1>
 inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, int64_t bytes) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < bytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(base + r * row_bytes + b), kHint);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(base + r * row_bytes + b, 0, kLocality);
 }
 
 // The cache lines of the next weight block (up to two 16-row panels' rows), requested a few at a
@@ -414,13 +417,13 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
         if constexpr (kFp8) {
           prefetch_rows(panel + elem * (k0 + 128), row_bytes, nr, bytes);
         } else {
-          prefetch_rows<_MM_HINT_T1>(panel + elem * (k0 + 128), row_bytes, nr, bytes);
+          prefetch_rows<kToL2>(panel + elem * (k0 + 128), row_bytes, nr, bytes);
         }
       }
       // and, for fp8 weights, the block kOneTileFarBlocks ahead into L2 (see there)
       if (kFp8 && b + kOneTileFarBlocks < nb)
-        prefetch_rows<_MM_HINT_T1>(panel + elem * (k0 + 128 * kOneTileFarBlocks), row_bytes, nr,
-                                   elem * std::min<int64_t>(128, K - k0 - 128 * kOneTileFarBlocks));
+        prefetch_rows<kToL2>(panel + elem * (k0 + 128 * kOneTileFarBlocks), row_bytes, nr,
+                             elem * std::min<int64_t>(128, K - k0 - 128 * kOneTileFarBlocks));
       const int cur = static_cast<int>(p & 1);
       const ATiles a = stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur]);
       const float scale = kFp8 ? fp8_scale_row(w, n0)[b] : 1.0f;

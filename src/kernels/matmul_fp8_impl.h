@@ -76,7 +76,7 @@ inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool ac
 // read: rows of a few KiB are too short for the hardware prefetcher to ramp up on its own, and
 // without this a matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight
 // leaves many rows per cache line of arithmetic). `far`: `far_rows` rows further ahead, requested
-// into L2 only (see kFp8FarRows).
+// into L2 only (see kFp8FarRowsMatvec).
 template <class Conv, int R, int M, int C = 1>
 void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
                   int64_t ldy, bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0,
@@ -215,9 +215,9 @@ concept HasPairKernel = Conv::kPairKernel;
 // Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel, which
 // leaves per-lane totals to reduce here; pf, pf + K: the rows to prefetch into L1, far, far + K:
 // the rows to request into L2 (these rows again when there are none). r is even, so r + 1 starts
-// no 128-row group and both rows share a scale row. (An earlier try at L2 requests, 16 rows ahead,
-// made batched decode steps 5.6% slower; the one here, 8 ahead, 1.05-1.07x faster: docs/
-// PERFORMANCE.md, "Serving".)
+// no 128-row group and both rows share a scale row. (An earlier try at L2 requests, the rows 16
+// ahead as a burst before each pair, made batched decode steps 5.6% slower; these far requests,
+// spread over the loop, came with steps 1.05-1.10x faster: docs/PERFORMANCE.md, "Serving".)
 template <class Conv>
 void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
               int64_t m0, int mc, const uint8_t* pf, const uint8_t* far) {
