@@ -137,14 +137,15 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
   fp8_reduce_store<R, M>(tot, y, ldy, accumulate, r);
 }
 
-// Far prefetch of the row-wise kernels: besides the rows a few groups ahead requested into L1,
-// the rows this many ahead are requested into L2 (`prefetcht1`) at the same columns. One core of
-// the Xeon VMs keeps only ~16 L1 misses in flight, which a loop that also converts and multiplies
-// cannot keep busy; L2 requests add misses the core does not wait on. Two threads, [1408 x 2048]
-// fp8 from memory (`bench gemm`, model-167 Xeon VM, 2026-12-06), fraction of the read bandwidth
-// without / with: m = 1 0.84-0.92 / 0.91-0.97 (32 rows ahead; 16, where the L1 requests already
-// are, gained nothing, 24-48 alike), m = 2 0.54-0.60 / 0.79-0.84, m = 3 0.47-0.51 / 0.62-0.69
-// (the pair kernel: 6-12 rows ahead alike, 32 0.77 / 0.64, 64 0.73 / 0.63).
+// Far prefetch of the row-wise kernels: besides the rows a few groups ahead requested into L1, the
+// rows this many ahead are requested into L2 (`prefetcht1`) at the same columns. A core's L1 misses
+// in flight are bounded by its fill buffers (16 on these Xeons' cores), which a loop that also
+// converts and multiplies does not keep busy; requests that end in L2 add misses the core does not
+// wait on (the explanation fits the figures; it was not measured). Two threads, [1408 x 2048] fp8
+// from memory (`bench gemm`, model-167 Xeon VM, 2026-12-06), fraction of the read bandwidth without
+// / with: m = 1 0.84-0.92 / 0.91-0.97 (32 rows ahead; 16, where the L1 requests already are, gained
+// nothing, 24-48 alike), m = 2 0.54-0.60 / 0.79-0.84, m = 3 0.47-0.51 / 0.62-0.69 (the pair kernel:
+// 6-12 rows ahead alike, 32 0.77 / 0.64, 64 0.73 / 0.63).
 inline constexpr int64_t kFp8FarRowsMatvec = 32;
 inline constexpr int64_t kFp8FarRowsPair = 8;
 
