@@ -99,35 +99,31 @@ nlohmann::json run_tokens(const MoeExpertsParams& p, std::span<const ExpertWeigh
   route(rng, p, T, ids);
   moe_experts(p, experts, x.data(), T, ids.data(), w.data(), y.data(), false, ws, pool);  // warm-up
   const uint64_t expert_bytes = 3 * dtype_bytes(dtype, static_cast<uint64_t>(p.inter * p.hidden));
-  double busy = 0, bytes = 0;
-  double ab_busy[2] = {0, 0}, ab_bytes[2] = {0, 0};  // --ab: by variant (calls alternate)
+  double busy[2] = {0, 0}, bytes[2] = {0, 0};  // by call parity: the variants under --ab
   int64_t calls = 0;
   Timer total;
   while (total.elapsed_s() < seconds || calls < 3) {
     route(rng, p, T, ids);
     std::fill(used.begin(), used.end(), 0);
     for (int32_t e : ids) used[static_cast<size_t>(e)] = 1;
-    const double call_bytes =
-        static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(expert_bytes);
-    bytes += call_bytes;
     const int v = static_cast<int>(calls % 2);
+    bytes[v] +=
+        static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(expert_bytes);
     if (ab) ab::set_variant(v);
     Timer t;
     moe_experts(p, experts, x.data(), T, ids.data(), w.data(), y.data(), false, ws, pool);
-    const double el = t.elapsed_s();
-    busy += el;
-    ab_busy[v] += el;
-    ab_bytes[v] += call_bytes;
+    busy[v] += t.elapsed_s();
     ++calls;
   }
   if (ab) ab::set_variant(0);
-  const double sec = busy / static_cast<double>(calls);
+  const double all_busy = busy[0] + busy[1], all_bytes = bytes[0] + bytes[1];
+  const double sec = all_busy / static_cast<double>(calls);
   const double flops = 2.0 * 3.0 * static_cast<double>(T * p.top_k) * static_cast<double>(p.inter * p.hidden);
-  const double gbs = bytes / busy * 1e-9, gflops = flops / sec * 1e-9;
+  const double gbs = all_bytes / all_busy * 1e-9, gflops = flops / sec * 1e-9;
   const double pk = lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0;
   // --ab: each variant's weight bytes over its own time (the routing differs call by call)
-  const double g0 = ab_busy[0] > 0 ? ab_bytes[0] / ab_busy[0] * 1e-9 : 0.0,
-               g1 = ab_busy[1] > 0 ? ab_bytes[1] / ab_busy[1] * 1e-9 : 0.0;
+  const double g0 = busy[0] > 0 ? bytes[0] / busy[0] * 1e-9 : 0.0,
+               g1 = busy[1] > 0 ? bytes[1] / busy[1] * 1e-9 : 0.0;
   if (print) {
     std::printf("%7lld %10.3f %10.1f %8.1f %8.3f %9.1f %8.3f", static_cast<long long>(T), sec * 1e3,
                 static_cast<double>(T) / sec, gbs, gbs / lim.bw.read_gbs, gflops, pk);
@@ -138,7 +134,7 @@ nlohmann::json run_tokens(const MoeExpertsParams& p, std::span<const ExpertWeigh
     std::fflush(stdout);
   }
   nlohmann::json j = {{"tokens", T},        {"seconds_per_call", sec},
-                      {"calls", calls},     {"weight_bytes_per_call", bytes / static_cast<double>(calls)},
+                      {"calls", calls},     {"weight_bytes_per_call", all_bytes / static_cast<double>(calls)},
                       {"flops", flops},     {"gbs", gbs},
                       {"gflops", gflops},   {"bandwidth_fraction", gbs / lim.bw.read_gbs},
                       {"peak_fraction", pk}};

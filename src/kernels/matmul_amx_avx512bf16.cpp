@@ -412,14 +412,9 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
       // the staging reads with vector loads; into L2 for bf16 rows, which the tiles load directly:
       // `bench gemm --dtype bf16 --threads 2` from memory, L1 / L2, m = 16 [102400 x 2048] 0.41-0.42
       // / 0.46-0.48, m = 4 [2048 x 2048] 0.62-0.63 / 0.70 (none at all: 0.43-0.45, 0.67); fp8 alike.
-      if (b + 1 < nb) {
-        const int64_t bytes = elem * std::min<int64_t>(128, K - k0 - 128);
-        if constexpr (kFp8) {
-          prefetch_rows(panel + elem * (k0 + 128), row_bytes, nr, bytes);
-        } else {
-          prefetch_rows<kToL2>(panel + elem * (k0 + 128), row_bytes, nr, bytes);
-        }
-      }
+      if (b + 1 < nb)
+        prefetch_rows<kFp8 ? kToL1 : kToL2>(panel + elem * (k0 + 128), row_bytes, nr,
+                                            elem * std::min<int64_t>(128, K - k0 - 128));
       // and, for fp8 weights, the block kOneTileFarBlocks ahead into L2 (see there)
       if (kFp8 && b + kOneTileFarBlocks < nb)
         prefetch_rows<kToL2>(panel + elem * (k0 + 128 * kOneTileFarBlocks), row_bytes, nr,

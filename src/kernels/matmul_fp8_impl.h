@@ -45,6 +45,16 @@ inline const uint8_t* fp8_row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + r * w.cols;
 }
 
+// Up to R rows from r (those below r1) to prefetch at the columns being read; none when r >= r1.
+struct AheadRows {
+  const uint8_t* p = nullptr;
+  int n = 0;
+};
+inline AheadRows rows_ahead(const WeightView& w, int64_t r, int64_t r1, int R) {
+  const int64_t n = std::min<int64_t>(R, r1 - r);
+  return n > 0 ? AheadRows{fp8_row(w, r), static_cast<int>(n)} : AheadRows{};
+}
+
 inline __m512bh bh(__m512i v) {
   return (__m512bh)v;
 }
@@ -72,15 +82,14 @@ inline void fp8_reduce_store(__m512 (&acc)[R][M], float* y, int64_t ldy, bool ac
 // the R rows once and dots them with every activation row; per 128-column block the sums are scaled
 // and added up in fp32. C accumulation chains per (weight row, activation row): 2 (the a and b
 // halves apart) when R * M is too small to hide the FMA latency, else 1.
-// `next`: the first of `next_rows` rows to prefetch into L1, at the same columns as these rows are
-// read: rows of a few KiB are too short for the hardware prefetcher to ramp up on its own, and
-// without this a matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight
-// leaves many rows per cache line of arithmetic). `far`: `far_rows` rows further ahead, requested
-// into L2 only (see kFp8FarRowsMatvec).
+// `next`: rows to prefetch into L1, at the same columns as these rows are read: rows of a few KiB
+// are too short for the hardware prefetcher to ramp up on its own, and without this a
+// matrix-vector product reads DRAM at a quarter of the bandwidth (1 byte per weight leaves many
+// rows per cache line of arithmetic). `far`: rows further ahead, requested into L2 only (see
+// kFp8FarRowsMatvec).
 template <class Conv, int R, int M, int C = 1>
 void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int64_t xs, float* y,
-                  int64_t ldy, bool accumulate, int64_t r, const uint8_t* next = nullptr, int next_rows = 0,
-                  const uint8_t* far = nullptr, int far_rows = 0) {
+                  int64_t ldy, bool accumulate, int64_t r, AheadRows next = {}, AheadRows far = {}) {
   static_assert(C == 1 || C == 2);
   __m512 tot[R][M];
   FATHOM_UNROLL
@@ -105,10 +114,10 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
     }
     const int64_t kend = std::min<int64_t>(K, k0 + 128);
     for (int64_t k = k0; k < kend; k += 64) {
-      for (int i = 0; i < next_rows; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T0);
-      for (int i = 0; i < far_rows; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(far + i * K + k), _MM_HINT_T1);
+      for (int i = 0; i < next.n; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(next.p + i * K + k), _MM_HINT_T0);
+      for (int i = 0; i < far.n; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(far.p + i * K + k), _MM_HINT_T1);
       const __mmask64 mask = lanes64(K - k);
       __m512i wa[R], wb[R];
       FATHOM_UNROLL
@@ -163,11 +172,8 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * w.cols);
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
-    const int64_t nr = std::min<int64_t>(R, r1 - (r + kAhead)), fr = std::min<int64_t>(R, r1 - (r + kFar));
     fp8_mv_chunk<Conv, R, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
-                                nr > 0 ? fp8_row(w, r + kAhead) : nullptr, static_cast<int>(nr),
-                                fr > 0 ? fp8_row(w, r + kFar) : nullptr,
-                                static_cast<int>(std::max<int64_t>(fr, 0)));
+                                rows_ahead(w, r + kAhead, r1, R), rows_ahead(w, r + kFar, r1, R));
   }
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
@@ -182,23 +188,22 @@ inline constexpr int64_t kChunk = 4;
 // One chunk of mc (1..kChunk) activation rows starting at row m0, against weight rows [r, r + R).
 template <class Conv, int R>
 void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
-                      bool accumulate, int64_t r, int64_t m0, int mc, const uint8_t* next, int next_rows,
-                      const uint8_t* far, int far_rows) {
+                      bool accumulate, int64_t r, int64_t m0, int mc, AheadRows next, AheadRows far) {
   const uint16_t* xb = x.bf16 + m0 * x.stride;
   float* yc = y + m0 * ldy;
   switch (mc) {
     case 1:
-      fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
+      fp8_mv_chunk<Conv, R, 1>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
     case 2:
-      fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
+      fp8_mv_chunk<Conv, R, 2>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
     case 3:
-      fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
+      fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
     default:
       static_assert(kChunk == 4);
-      fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, next_rows, far, far_rows);
+      fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
   }
 }
@@ -251,22 +256,18 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
       int64_t r = rb;
       for (; r + R <= re; r += R) {
         // the first chunk's sweep reads the rows from memory; later chunks find them in L1
-        const int64_t nr = c == 0 ? std::min<int64_t>(R, r1 - (r + 2 * R)) : 0;
-        const int64_t fr = c == 0 ? std::min<int64_t>(R, r1 - (r + kFp8FarRowsPair)) : 0;
+        const AheadRows next = c == 0 ? rows_ahead(w, r + 2 * R, r1, R) : AheadRows{},
+                        far = c == 0 ? rows_ahead(w, r + kFp8FarRowsPair, r1, R) : AheadRows{};
         if constexpr (HasPairKernel<Conv>) {
-          if (pairs) {
-            fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, fp8_row(w, nr == R ? r + 2 * R : r),
-                           fp8_row(w, fr == R ? r + kFp8FarRowsPair : r));
+          if (pairs) {  // the pair kernel takes two whole rows each (these rows again when there are none)
+            fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, next.n == R ? next.p : fp8_row(w, r),
+                           far.n == R ? far.p : fp8_row(w, r));
             continue;
           }
         }
-        fp8_mv_chunk_any<Conv, R>(conv, w, x, y, ldy, accumulate, r, m0, mc,
-                                  nr > 0 ? fp8_row(w, r + 2 * R) : nullptr, static_cast<int>(nr),
-                                  fr > 0 ? fp8_row(w, r + kFp8FarRowsPair) : nullptr,
-                                  static_cast<int>(std::max<int64_t>(fr, 0)));
+        fp8_mv_chunk_any<Conv, R>(conv, w, x, y, ldy, accumulate, r, m0, mc, next, far);
       }
-      for (; r < re; ++r)
-        fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, nullptr, 0, nullptr, 0);
+      for (; r < re; ++r) fp8_mv_chunk_any<Conv, 1>(conv, w, x, y, ldy, accumulate, r, m0, mc, {}, {});
       m0 += mc;
     }
   }

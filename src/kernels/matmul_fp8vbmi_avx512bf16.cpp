@@ -74,7 +74,7 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 // One 128-column block per iteration: prefetch the next rows' two lines each into L1 and four lines
 // of the far rows into L2, convert and dot each 64-column half, then add the block's sums times its
 // scale to the totals.
-#define F8_PAIR_LOOP(DP, FMA) \
+#define F8_PAIR_LOOP(DP, FMA)                                                          \
   "vmovdqa64 0(%[tab]), %%zmm28\n\t"                                                  \
   "vmovdqa64 64(%[tab]), %%zmm29\n\t"                                                 \
   "vmovdqa64 128(%[tab]), %%zmm30\n\t"                                                \
