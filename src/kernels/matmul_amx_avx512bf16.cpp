@@ -47,7 +47,7 @@ AmxBlocking g_blocking;
 // Tile roles (all eight tiles 16 rows x 64 bytes, amx::configure_full_tiles): amx_rows on pairs of
 // panels (pair_products): 0-1 A (one step of each panel), 4-5 B, 2-3 and 6-7 C; on a
 // last single panel (block_all_m): 0-3 A (a block's four 32-column steps), 4-5 B, 6-7 C;
-// amx_rows_one_tile: 0-1 A, 2-3 C, 4-7 B (a block's four steps).
+// amx_rows_one_tile (fp8): 0-1 A, 2-3 C, 4-7 B (a block's four steps).
 
 // Grow-only per-thread fp32 totals ([m tiles][16 weight rows][16 activation rows]), as the
 // prepared activations' scratch (matmul.cpp): allocated at the largest size seen, once per call.
@@ -344,9 +344,9 @@ inline void load_a_kc(const ATiles& a, int64_t kc) {
   }
 }
 
-// m <= 16 (decode): one activation tile. The block loop is outside the panel loop, so a block's
-// four B tiles (tiles 4-7) are loaded once and serve every 16-row panel of [r0, r1); per panel
-// and block: the block's weights staged (fp8 converted) into abuf, four A loads alternating
+// fp8 weights at m <= 16 (decode): one activation tile. The block loop is outside the panel loop,
+// so a block's four B tiles (tiles 4-7) are loaded once and serve every 16-row panel of [r0, r1);
+// per panel and block: the block's weights converted into abuf, four A loads alternating
 // between tiles 0 and 1, four products into C (tile 2 or 3, alternating by panel), and that
 // panel's previous product scaled into its totals after the next panel's products are issued.
 // The totals of all panels live in a per-thread buffer ([panel][16 rows][16 columns]).
@@ -357,6 +357,13 @@ inline void load_a_kc(const ATiles& a, int64_t kc) {
 // prefetching the panel three ahead in sweep order instead of this panel's next block (5-8%
 // slower from DRAM); before this loop order, converting the next block while the current block's
 // products run, and four 16-row panels per B tile load.
+// bf16 weights take amx_rows at every m >= kAmxMinM instead: their A tiles load the rows where they
+// lie, so there is no conversion to share, and this loop's sweep, 256 bytes of every row of the
+// task in turn, leaves the tiles waiting on memory; amx_rows streams two panels at a time along
+// whole rows. Two threads from memory (`bench gemm --dtype bf16`, model-167 Xeon VM, 2026-12-06),
+// fraction of the read bandwidth here / there: [102400 x 2048] (a vocabulary head) m = 4 0.46-0.47
+// / 0.99-1.01, m = 16 0.45-0.46 / 0.94-0.95; [2048 x 2048] m = 16 0.62 / 0.90. For fp8 rows, whose
+// conversion is the bound, it is the other way round (m = 16 0.55-0.59 here, 0.50 there).
 #define AMX_ONE_TILE_PRODUCTS(C, STEPS, A)              \
   do {                                                  \
     _tile_zero(C);                                      \
@@ -378,15 +385,12 @@ inline void load_a_kc(const ATiles& a, int64_t kc) {
 // cover the memory latency. Two threads, [1408 x 2048] fp8 from memory (`bench gemm`, model-167
 // Xeon VM, 2026-12-06), fraction of the read bandwidth without / with (1, 2, 3 blocks ahead):
 // m = 4 0.60 / 0.64, 0.70-0.76, 0.59-0.71; m = 16 0.49-0.52 / 0.51-0.52, 0.61-0.63, 0.57-0.59.
-// Not for bf16 weights, whose blocks are twice the lines: [102400 x 2048] (a vocabulary head) at
-// m = 16 read 0.31-0.32 with it against 0.42 without.
 inline constexpr int64_t kOneTileFarBlocks = 2;
 
-template <bool kFp8>
 void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                        int64_t r0, int64_t r1) {
   const int64_t K = w.cols, nb = (K + 127) / 128, n_panels = (r1 - r0 + 15) / 16;
-  const int64_t elem = kFp8 ? 1 : 2, row_bytes = elem * K, bs = x.xt_stride * 4;
+  const int64_t row_bytes = K, bs = x.xt_stride * 4;
   const auto* wbase = static_cast<const uint8_t*>(w.data);
   float* totals = totals_buffer(256 * n_panels);
   std::memset(totals, 0, static_cast<size_t>(256 * n_panels) * 4);
@@ -406,22 +410,19 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
     for (int64_t p = 0; p < n_panels; ++p) {
       const int64_t n0 = r0 + 16 * p, nr = std::min<int64_t>(16, r1 - n0);
       const uint8_t* panel = wbase + n0 * row_bytes;
-      // this panel's rows of the next block (or, at the last block, nothing: the task ends); the
-      // same lines issued through a LinePrefetch made this loop 1.6x slower at m = 8-16 (not
-      // understood; measured 2026-12-06), so it keeps the plain loop. Into L1 for fp8 rows, which
-      // the staging reads with vector loads; into L2 for bf16 rows, which the tiles load directly:
-      // `bench gemm --dtype bf16 --threads 2` from memory, L1 / L2, m = 16 [102400 x 2048] 0.41-0.42
-      // / 0.46-0.48, m = 4 [2048 x 2048] 0.62-0.63 / 0.70 (none at all: 0.43-0.45, 0.67); fp8 alike.
+      // this panel's rows of the next block into L1, where the staging reads them with vector
+      // loads (or, at the last block, nothing: the task ends); the same lines issued through a
+      // LinePrefetch made this loop 1.6x slower at m = 8-16 (not understood; measured 2026-12-06),
+      // so it keeps the plain loop. Requested into L2 instead: 0.65-0.66 against 0.67-0.71 at m = 4.
       if (b + 1 < nb)
-        prefetch_rows<kFp8 ? kToL1 : kToL2>(panel + elem * (k0 + 128), row_bytes, nr,
-                                            elem * std::min<int64_t>(128, K - k0 - 128));
-      // and, for fp8 weights, the block kOneTileFarBlocks ahead into L2 (see there)
-      if (kFp8 && b + kOneTileFarBlocks < nb)
-        prefetch_rows<kToL2>(panel + elem * (k0 + 128 * kOneTileFarBlocks), row_bytes, nr,
-                             elem * std::min<int64_t>(128, K - k0 - 128 * kOneTileFarBlocks));
+        prefetch_rows<kToL1>(panel + k0 + 128, row_bytes, nr, std::min<int64_t>(128, K - k0 - 128));
+      // and the block kOneTileFarBlocks ahead into L2 (see there)
+      if (b + kOneTileFarBlocks < nb)
+        prefetch_rows<kToL2>(panel + k0 + 128 * kOneTileFarBlocks, row_bytes, nr,
+                             std::min<int64_t>(128, K - k0 - 128 * kOneTileFarBlocks));
       const int cur = static_cast<int>(p & 1);
-      const ATiles a = stage_a<kFp8>(conv, panel, row_bytes, nr, k0, kc, abuf[cur]);
-      const float scale = kFp8 ? fp8_scale_row(w, n0)[b] : 1.0f;
+      const ATiles a = stage_a<true>(conv, panel, row_bytes, nr, k0, kc, abuf[cur]);
+      const float scale = fp8_scale_row(w, n0)[b];
       if (cur == 0) {
         AMX_ONE_TILE_PRODUCTS(2, kc == 128 ? 4 : 2, a);
         if (p > 0) AMX_ADD_BLOCK(3, totals + 256 * (p - 1), prev_scale, ctmp[1]);
@@ -444,13 +445,13 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
   }
 }
 
-// m > 16: weight panels two at a time against the activation tiles two at a time (2 x 2 C tiles),
-// so each tile load serves two products (pair_products): bf16 weights accumulate a whole k range
-// in the C tiles, fp8 blocks are staged per 128 columns and scaled into the totals per block. A
-// last single panel takes block_all_m. Against one panel at a time (block_all_m
-// only), two threads, [1408 x 2048], alternated runs on a model-167 Xeon VM: bf16 1.27-1.43x at
-// m = 24, 1.29-1.30x at 48, 1.19-1.21x at 512; fp8 1.21x at 24, 1.15-1.19x at 48, 1.07-1.09x at
-// 96-512 (docs/PERFORMANCE.md).
+// fp8 weights at m > 16, bf16 at m >= kAmxMinM: weight panels two at a time against the activation
+// tiles two at a time (2 x 2 C tiles; one activation tile at m <= 16), so each tile load serves two
+// products (pair_products): bf16 weights accumulate a whole k range in the C tiles, fp8 blocks are
+// staged per 128 columns and scaled into the totals per block. A last single panel takes
+// block_all_m. Against one panel at a time (block_all_m only), two threads, [1408 x 2048],
+// alternated runs on a model-167 Xeon VM: bf16 1.27-1.43x at m = 24, 1.29-1.30x at 48, 1.19-1.21x
+// at 512; fp8 1.21x at 24, 1.15-1.19x at 48, 1.07-1.09x at 96-512 (docs/PERFORMANCE.md).
 template <bool kFp8>
 void amx_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
               int64_t r1) {
@@ -566,12 +567,8 @@ void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_
                          int64_t r0, int64_t r1) {
   CHECK(amx_rows_ok(w, x, r0));
   const bool fp8 = w.dtype == DType::kF8E4M3;
-  if (x.m <= 16) {
-    if (fp8) {
-      amx_rows_one_tile<true>(w, x, y, y_stride, accumulate, r0, r1);
-    } else {
-      amx_rows_one_tile<false>(w, x, y, y_stride, accumulate, r0, r1);
-    }
+  if (fp8 && x.m <= 16) {
+    amx_rows_one_tile(w, x, y, y_stride, accumulate, r0, r1);
   } else if (fp8) {
     amx_rows<true>(w, x, y, y_stride, accumulate, r0, r1);
   } else {
