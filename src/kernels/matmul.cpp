@@ -276,7 +276,8 @@ void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64
 }
 
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
-  if (level < SimdLevel::kAvx512Bf16 || m < kAmxMinM || k % 64 != 0 || !amx_bf16_usable()) return false;
+  if (level < SimdLevel::kAvx512Bf16 || m < amx_min_m(dtype) || k % 64 != 0 || !amx_bf16_usable())
+    return false;
   return dtype == DType::kBF16 || (dtype == DType::kF8E4M3 && fp8_use_vbmi(level));
 }
 

@@ -357,7 +357,7 @@ inline void load_a_kc(const ATiles& a, int64_t kc) {
 // prefetching the panel three ahead in sweep order instead of this panel's next block (5-8%
 // slower from DRAM); before this loop order, converting the next block while the current block's
 // products run, and four 16-row panels per B tile load.
-// bf16 weights take amx_rows at every m >= kAmxMinM instead: their A tiles load the rows where they
+// bf16 weights take amx_rows at every m >= amx_min_m instead: their A tiles load the rows where they
 // lie, so there is no conversion to share, and this loop's sweep, 256 bytes of every row of the
 // task in turn, leaves the tiles waiting on memory; amx_rows streams two panels at a time along
 // whole rows. Two threads from memory (`bench gemm --dtype bf16`, model-167 Xeon VM, 2026-12-06),
@@ -445,7 +445,7 @@ void amx_rows_one_tile(const WeightView& w, const ActView& x, float* y, int64_t 
   }
 }
 
-// fp8 weights at m > 16, bf16 at m >= kAmxMinM: weight panels two at a time against the activation
+// fp8 weights at m > 16, bf16 from m = 2 (amx_min_m): weight panels two at a time against the activation
 // tiles two at a time (2 x 2 C tiles; one activation tile at m <= 16), so each tile load serves two
 // products (pair_products): bf16 weights accumulate a whole k range in the C tiles, fp8 blocks are
 // staged per 128 columns and scaled into the totals per block. A last single panel takes
@@ -560,7 +560,7 @@ bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
   if (x.xt == nullptr) return false;
   // w must be what the view was prepared for (a mismatch is a caller bug, not a fallback)
   CHECK(w.cols == x.k && (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64)));
-  return x.m >= kAmxMinM && r0 % 16 == 0;
+  return x.m >= amx_min_m(w.dtype) && r0 % 16 == 0;
 }
 
 void rows_amx_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,

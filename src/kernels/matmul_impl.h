@@ -73,8 +73,14 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
 // Bytes layout_activations may need for any kind.
 uint64_t act_scratch_bytes_any(int64_t m, int64_t k);
 // Whether matmuls of a dtype at a level run on AMX tiles for m activation rows of k columns
-// (amx_bf16_usable, bf16 weights or fp8 with the VBMI converter, k a multiple of 64, m >= kAmxMinM).
-inline constexpr int64_t kAmxMinM = 4;
+// (amx_bf16_usable, bf16 weights or fp8 with the VBMI converter, k a multiple of 64, m >=
+// amx_min_m). bf16 rows are tile-loaded where they lie and run the tiles from m = 2: two threads
+// from memory, [2048 x 1408] at m = 2-3 0.95-0.98 of the bandwidth against 0.80-0.83 row-wise, the
+// other V2-Lite shapes 0.99-1.11x. fp8 rows must be converted for the tiles, which at m = 2-3 costs
+// more than the row-wise kernels' dot products (PERFORMANCE.md, "Far L2 requests in the fp8 loops").
+inline constexpr int64_t amx_min_m(DType dtype) {
+  return dtype == DType::kBF16 ? 2 : 4;
+}
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
 // Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted for its rows; a no-op for
 // views without xt_space (not kBF16) or when AMX will not run.

@@ -206,7 +206,7 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
-// On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles for m >= 4; the
+// On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles for m >= 2 and 4; the
 // same cases with AMX turned off take the AVX-512 kernels, so both are checked here. Rows cover
 // tail panels and a second 128-row fp8 scale group; columns a 64-wide last block; m one and
 // several 16-row activation tiles with a tail.
@@ -232,14 +232,14 @@ TEST(Matmul, AmxTilesAndAvx512KernelsBothMatchReference) {
   set_amx_enabled(true);
 }
 
-// bf16 weights at 4-16 activation rows take the panel-pair tile loop (amx_rows) that fp8 weights
+// bf16 weights at 2-16 activation rows take the panel-pair tile loop (amx_rows) that fp8 weights
 // take only above 16 rows: every m of that range, against row counts that end in a pair of panels,
 // a single tail panel, a short pair and a short single panel, and a 64-column last block.
 TEST(Matmul, AmxBf16AtFewRowsTakesThePanelPairLoop) {
   if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
-  for (int64_t m = matmul_internal::kAmxMinM; m <= 16; ++m) {
+  for (int64_t m = matmul_internal::amx_min_m(DType::kBF16); m <= 16; ++m) {
     for (int64_t rows : {32, 48, 40, 24}) {
       const int64_t cols = m % 2 == 0 ? 192 : 256;
       ASSERT_TRUE(matmul_internal::amx_wanted(DType::kBF16, simd_level(), m, cols));

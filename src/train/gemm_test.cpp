@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/cpu.h"
+#include "kernels/matmul_impl.h"
 #include "tensor/convert.h"
 #include "train/train_test_util.h"
 
@@ -65,7 +66,7 @@ double bf16_round(float v) {
 
 // GemmPrecision::kBf16: where AMX runs the shape, every product equals the float64 product of the
 // operands rounded to bf16 (up to fp32 summation), and differs from the fp32 product by about the
-// rounding; elsewhere (no AMX, k not a multiple of 64, fewer than 4 rows) the fp32 path runs
+// rounding; elsewhere (no AMX, k not a multiple of 64, fewer than 2 rows) the fp32 path runs
 // unchanged, bit for bit. Both tn orientations (m >= n and m < n) are covered.
 TEST(TrainGemm, Bf16PrecisionRoundsBothOperandsWhereAmxRuns) {
   Rng rng(testing::fresh_seed("TrainGemm bf16"));
@@ -74,18 +75,19 @@ TEST(TrainGemm, Bf16PrecisionRoundsBothOperandsWhereAmxRuns) {
   struct Shape {
     int64_t m, n, k;
   };
-  for (const Shape s :
-       {Shape{64, 96, 128}, Shape{130, 70, 256}, Shape{40, 300, 64}, Shape{3, 64, 128}, Shape{50, 80, 96}}) {
+  for (const Shape s : {Shape{64, 96, 128}, Shape{130, 70, 256}, Shape{40, 300, 64}, Shape{3, 64, 128},
+                        Shape{1, 64, 128}, Shape{50, 80, 96}}) {
     const int64_t m = s.m, n = s.n, k = s.k;
     std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), bt(b.size()),
         at(a.size()), c0(static_cast<size_t>(m * n));
     for (auto* v : {&a, &b, &bt, &at, &c0}) {
       for (float& x : *v) x = static_cast<float>(2 * rng.uniform() - 1);
     }
-    // The shapes where kBf16 computes in bf16: rows of the activation operand >= 4 (the smaller
-    // of m and n for tn), k a multiple of 64.
-    const bool nn_bf16 = amx && k % 64 == 0 && m >= 4;
-    const bool tn_bf16 = amx && k % 64 == 0 && std::min(m, n) >= 4;
+    // The shapes where kBf16 computes in bf16: rows of the activation operand at least the tiles'
+    // minimum for bf16 weights (the smaller of m and n for tn), k a multiple of 64.
+    const int64_t min_m = matmul_internal::amx_min_m(DType::kBF16);
+    const bool nn_bf16 = amx && k % 64 == 0 && m >= min_m;
+    const bool tn_bf16 = amx && k % 64 == 0 && std::min(m, n) >= min_m;
     for (const char* op : {"nn", "tn", "nt"}) {
       const std::string what = fmt::format("{} m={} n={} k={}", op, m, n, k);
       std::vector<float> c32 = c0, c16 = c0;
