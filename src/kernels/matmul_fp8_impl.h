@@ -151,11 +151,15 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
 // in flight are bounded by its fill buffers (16 on these Xeons' cores), which a loop that also
 // converts and multiplies does not keep busy; requests that end in L2 add misses the core does not
 // wait on (the explanation fits the figures; it was not measured). Two threads, [1408 x 2048] fp8
-// from memory (`bench gemm`, model-167 Xeon VM, 2026-12-06), fraction of the read bandwidth without
-// / with: m = 1 0.84-0.92 / 0.91-0.97 (32 rows ahead; 16, where the L1 requests already are, gained
-// nothing, 24-48 alike), m = 2 0.54-0.60 / 0.79-0.84, m = 3 0.47-0.51 / 0.62-0.69 (the pair kernel:
-// 6-12 rows ahead alike, 32 0.77 / 0.64, 64 0.73 / 0.63).
-inline constexpr int64_t kFp8FarRowsMatvec = 32;
+// (`bench gemm`, model-167 Xeon VM, 2026-12-06), fraction of the read bandwidth without / with: m =
+// 2 0.54-0.60 / 0.79-0.84, m = 3 0.47-0.51 / 0.62-0.69 (the pair kernel: 6-12 rows ahead alike, 32
+// 0.77 / 0.64, 64 0.73 / 0.63; partly from the L3, see PERFORMANCE.md "bench gemm's rotation"; with
+// the weights truly from memory 4-12 rows ahead, and 2-6 rows into L1, alike again). m = 1: 16 rows
+// ahead, with the L1 requests one group ahead (fp8_matvec_rows); from memory [1408 x 2048] and
+// [2048 x 1408] read 0.85-0.89 / 0.87-0.90 against 0.75-0.79 / 0.82-0.84 with the L1 requests four
+// groups and these 32 rows ahead (chosen before against weights partly in the L3); farther is
+// slower (64 rows 0.70-0.72, 96 0.66-0.68).
+inline constexpr int64_t kFp8FarRowsMatvec = 16;
 inline constexpr int64_t kFp8FarRowsPair = 8;
 
 // m = 1: four weight rows at a time, two accumulation chains each.
@@ -164,10 +168,12 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
                      int64_t r0, int64_t r1) {
   const Conv conv;
   constexpr int R = 4;
-  // Rows 4 groups ahead are prefetched into L1 (the ones in between were requested before): 1
-  // group ahead left a V2-Lite FP8 decode step 3.8% slower, 8 groups ahead (64 KiB, more than L1)
-  // 3.7% slower. The rows kFp8FarRowsMatvec ahead go to L2.
-  constexpr int64_t kAhead = 4 * R, kFar = kFp8FarRowsMatvec;
+  // The next group is prefetched into L1 and the rows kFp8FarRowsMatvec ahead into L2 (see there).
+  // Before the L2 requests, 4 groups ahead into L1 was the best (1 group left a V2-Lite FP8 decode
+  // step 3.8% slower); with them, 1 group and 16 rows made `bench moe --ab` 1.13x faster at one
+  // token than 4 groups and 32 rows, and the engine's single-stream decode step 1.07x
+  // (docs/PERFORMANCE.md, "m = 1 prefetch distances from memory").
+  constexpr int64_t kAhead = R, kFar = kFp8FarRowsMatvec;
   static_assert(kFar > kAhead && kFar % R == 0);
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * w.cols);
   int64_t r = r0;
