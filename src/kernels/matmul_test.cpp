@@ -206,7 +206,7 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
-// On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles for m >= 2 and 4; the
+// On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles from m = 2 and 4; the
 // same cases with AMX turned off take the AVX-512 kernels, so both are checked here. Rows cover
 // tail panels and a second 128-row fp8 scale group; columns a 64-wide last block; m one and
 // several 16-row activation tiles with a tail.
