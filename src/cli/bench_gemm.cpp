@@ -79,10 +79,15 @@ BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t 
     w.scale.emplace_back();
     uint8_t* base = w.data.back().data();
     if (dtype == DType::kF8E4M3) {  // random codes (no NaN); the bytes are what matters for speed
+      // (every copy its own bytes: byte-identical copies read faster than memory on these VMs, 1.02
+      // of the bandwidth against 0.86 for [1408 x 2048] at m = 1; eight codes per draw)
       Rng rng(seed + static_cast<uint64_t>(c));
-      for (uint64_t i = 0; i < bytes; ++i) {
-        const auto b = static_cast<uint8_t>(rng.next_u64());
-        base[i] = (b & 0x7f) == 0x7f ? 0x3f : b;
+      for (uint64_t i = 0; i < bytes; i += 8) {
+        uint64_t v = rng.next_u64();
+        for (uint64_t j = i; j < std::min<uint64_t>(bytes, i + 8); ++j, v >>= 8) {
+          const auto b = static_cast<uint8_t>(v);
+          base[j] = (b & 0x7f) == 0x7f ? 0x3f : b;
+        }
       }
       w.scale.back().assign(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)), 0.01f);
     } else {

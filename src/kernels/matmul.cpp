@@ -371,8 +371,10 @@ RowsKernel rows_kernel_for(DType dtype, SimdLevel level) {
 }
 
 int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m) {
-  // AMX tiles take 16-row panels (amx_rows_ok needs r0 % 16 == 0); 64 is a multiple
-  if (amx_wanted(dtype, level, m, 64) && m <= matvec_max_m(dtype, level)) return 16;
+  // AMX tiles take 16-row panels (amx_rows_ok needs r0 % 16 == 0; 64 is a multiple); bf16 weights
+  // run them two at a time (amx_rows), so their ranges hold whole pairs
+  if (amx_wanted(dtype, level, m, 64) && m <= matvec_max_m(dtype, level))
+    return dtype == DType::kBF16 ? 32 : 16;
   if (m <= matvec_max_m(dtype, level) || level < SimdLevel::kAvx512) return 8;
   const bool quant = dtype == DType::kQ8_0 || dtype == DType::kQ4_0;
   const bool bf16ish = dtype == DType::kBF16 || dtype == DType::kF8E4M3;

@@ -232,10 +232,11 @@ TEST(Matmul, AmxTilesAndAvx512KernelsBothMatchReference) {
   set_amx_enabled(true);
 }
 
-// bf16 weights at 2-16 activation rows take the panel-pair tile loop (amx_rows) that fp8 weights
-// take only above 16 rows: every m of that range, against row counts that end in a pair of panels,
-// a single tail panel, a short pair and a short single panel, and a 64-column last block.
-TEST(Matmul, AmxBf16AtFewRowsTakesThePanelPairLoop) {
+// bf16 weights at 2-16 activation rows run the panel-pair tile loop (amx_rows), which fp8 weights
+// take only above 16 rows: every m of that range against the float64 reference, with row counts
+// that end in a pair of panels, a single tail panel, a short pair and a short single panel, and a
+// 64-column last block (which loop runs is not observable here; this checks its results).
+TEST(Matmul, AmxBf16AtTwoToSixteenRowsMatchesReference) {
   if (!amx_bf16_usable()) GTEST_SKIP() << "no AMX BF16 in this process";
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
