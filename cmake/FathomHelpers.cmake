@@ -4,7 +4,8 @@
 set(FATHOM_WARNINGS -Wall -Wextra -Werror -Wno-missing-field-initializers
     $<$<CXX_COMPILER_ID:GNU>:-Wno-restrict>)
 
-# ISA flags per source-file suffix: foo_avx512.cpp, foo_avx512bf16.cpp, foo_avx2.cpp, foo_sse42.cpp.
+# ISA flags per source-file suffix: foo_avx512.cpp, foo_avx512bf16.cpp, foo_avx512fp16.cpp (BF16 and
+# FP16), foo_avx2.cpp, foo_sse42.cpp.
 # The shipped binary is generic x86-64; only these files use wider instructions, and callers pick
 # them at run time from base/cpu.h.
 set(FATHOM_FLAGS_AVX2 -mavx2 -mfma -mf16c)
@@ -12,12 +13,15 @@ set(FATHOM_FLAGS_AVX2 -mavx2 -mfma -mf16c)
 set(FATHOM_FLAGS_AVX512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx512vnni
     -Wno-uninitialized)
 set(FATHOM_FLAGS_AVX512BF16 ${FATHOM_FLAGS_AVX512} -mavx512bf16)
+set(FATHOM_FLAGS_AVX512FP16 ${FATHOM_FLAGS_AVX512BF16} -mavx512fp16)
 
 function(fathom_isa_flags)
   foreach(src ${ARGN})
     get_filename_component(stem ${src} NAME_WE)
     if(stem MATCHES "_avx512bf16$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${FATHOM_FLAGS_AVX512BF16}")
+    elseif(stem MATCHES "_avx512fp16$")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${FATHOM_FLAGS_AVX512FP16}")
     elseif(stem MATCHES "_avx512$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${FATHOM_FLAGS_AVX512}")
     elseif(stem MATCHES "_avx2$")

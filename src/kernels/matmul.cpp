@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "base/check.h"
 #include "kernels/matmul_impl.h"
@@ -136,6 +139,30 @@ void set_fp8_vbmi_override(int override) {
 
 namespace {
 
+std::atomic<int> g_f16_override{-1};
+
+}  // namespace
+
+bool fp8_f16_available() {
+  static const bool available = [] {
+    const char* env = std::getenv("FATHOM_FP8_F16");
+    return cpu_features().avx512_fp16 && __builtin_cpu_supports("avx512vbmi") &&
+           !(env != nullptr && std::string_view(env) == "0");
+  }();
+  return available;
+}
+
+bool fp8_use_f16(SimdLevel level) {
+  if (!fp8_f16_available() || !fp8_use_vbmi(level)) return false;
+  return g_f16_override.load(std::memory_order_relaxed) != 0;
+}
+
+void set_fp8_f16_override(int override) {
+  g_f16_override.store(override);
+}
+
+namespace {
+
 int64_t padded(int64_t k) {
   return (k + kActPad - 1) / kActPad * kActPad;
 }
@@ -180,8 +207,10 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   switch (kind) {
     case ActKind::kF32:
       return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
-    case ActKind::kBF16:  // the rows, then (AMX CPUs) room for their transposed pairs (ActView::xt)
-      return align64(rows * s * 2) + (amx_bf16_available() ? align64((s / 2) * (rows + 16) * 4) : 0);
+    case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt, AMX CPUs)
+                          // and their fp16 form (ActView::f16, AVX-512 FP16 CPUs)
+      return align64(rows * s * 2) + (amx_bf16_available() ? align64((s / 2) * (rows + 16) * 4) : 0) +
+             (fp8_f16_available() ? align64(rows * s * 2) + align64(rows * 4) : 0);
     case ActKind::kQ8:
       return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
   }
@@ -204,8 +233,16 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
       a.stride = padded(k);
       a.bf16 = reinterpret_cast<uint16_t*>(base);
       a.bf16_perm64 = perm64;
-      if (amx_bf16_available())
-        a.xt_space = reinterpret_cast<uint32_t*>(base + align64(rows * static_cast<uint64_t>(a.stride) * 2));
+      base += align64(rows * static_cast<uint64_t>(a.stride) * 2);
+      if (amx_bf16_available()) {
+        a.xt_space = reinterpret_cast<uint32_t*>(base);
+        base += align64(static_cast<uint64_t>(a.stride / 2) * (rows + 16) * 4);
+      }
+      if (fp8_f16_available()) {
+        a.f16_space = reinterpret_cast<uint16_t*>(base);
+        a.f16_unscale_space =
+            reinterpret_cast<float*>(base + align64(rows * static_cast<uint64_t>(a.stride) * 2));
+      }
       return a;
     case ActKind::kQ8: {
       const int64_t s = padded(k);
@@ -238,6 +275,12 @@ ActView act_rows(const ActView& a, int64_t begin, int64_t count) {
   if (a.bf16 != nullptr) r.bf16 = a.bf16 + begin * a.stride;
   if (a.xt != nullptr) r.xt = a.xt + begin;
   r.xt_space = nullptr;
+  if (a.f16 != nullptr) {
+    r.f16 = a.f16 + begin * a.stride;
+    r.f16_unscale = a.f16_unscale + begin;
+  }
+  r.f16_space = nullptr;
+  r.f16_unscale_space = nullptr;
   if (a.q != nullptr) {
     r.q = a.q + begin * a.stride;
     r.qd = a.qd + begin * (a.stride / kQBlock);
@@ -261,6 +304,11 @@ void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64
       CHECK(src.stride == dst.stride && src.bf16_perm64 == dst.bf16_perm64);
       copy(src.bf16 + src_row * src.stride, const_cast<uint16_t*>(dst.bf16) + dst_row * dst.stride,
            src.stride * 2);
+      if (src.f16 != nullptr && dst.f16 != nullptr) {
+        copy(src.f16 + src_row * src.stride, const_cast<uint16_t*>(dst.f16) + dst_row * dst.stride,
+             src.stride * 2);
+        const_cast<float*>(dst.f16_unscale)[dst_row] = src.f16_unscale[src_row];
+      }
       return;
     case ActKind::kQ8: {
       CHECK(src.stride == dst.stride);
@@ -275,9 +323,18 @@ void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64
   }
 }
 
+bool act_enable_f16(ActView& a) {
+  if (a.f16_space == nullptr) return false;
+  a.f16 = a.f16_space;
+  a.f16_unscale = a.f16_unscale_space;
+  return true;
+}
+
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
   if (level < SimdLevel::kAvx512Bf16 || m < amx_min_m(dtype) || k % 64 != 0 || !amx_bf16_usable())
     return false;
+  // the fp16 kernel takes fp8 at up to kFp8F16MaxM rows
+  if (dtype == DType::kF8E4M3 && m <= kFp8F16MaxM && k % 128 == 0 && fp8_use_f16(level)) return false;
   return dtype == DType::kBF16 || (dtype == DType::kF8E4M3 && fp8_use_vbmi(level));
 }
 
@@ -293,7 +350,7 @@ void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool) {
 }
 
 ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
-                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt) {
+                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt, int build_f16) {
   const ActKind kind = act_kind_for(dtype, level);
   if (kind == ActKind::kF32 && !needs_rounding(dtype)) {
     ActView a;
@@ -306,6 +363,8 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
   }
   const bool perm = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
   ActView a = layout_activations(kind, perm, m, k, scratch);
+  const bool f16 = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && k % 128 == 0 && fp8_use_f16(level) &&
+                   (build_f16 < 0 ? m >= 2 && m <= kFp8F16MaxM : build_f16 != 0) && act_enable_f16(a);
   // rows are independent: split them over the pool when there is enough work
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));
   pool.parallel_for(m, grain, [&](int64_t i0, int64_t i1, int) {
@@ -318,6 +377,9 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
           act_to_bf16_rows_avx512(x, x_stride, k, a.stride, const_cast<uint16_t*>(a.bf16), i0, i1, perm);
         } else {
           act_to_bf16_rows_scalar(x, x_stride, k, a.stride, const_cast<uint16_t*>(a.bf16), i0, i1, perm);
+        }
+        if (f16) {
+          act_to_f16_rows_avx512fp16(x, x_stride, k, a.stride, a.f16_space, a.f16_unscale_space, i0, i1);
         }
         return;
       case ActKind::kQ8:
@@ -333,6 +395,31 @@ void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, flo
                                 int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t c = 0; c < k; ++c) out[i * k + c] = bf16_to_f32(f32_to_bf16(x[i * x_stride + c]));
+  }
+}
+
+void act_to_f16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                            float* unscale, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* xi = x + i * x_stride;
+    float amax = 0;
+    bool finite = true;
+    for (int64_t c = 0; c < k; ++c) {
+      const float v = std::fabs(bf16_to_f32(f32_to_bf16(xi[c])));
+      if (!std::isfinite(v)) finite = false;
+      amax = std::max(amax, v);
+    }
+    int e = 0;
+    if (finite && amax > 0) {
+      int q = 0;
+      std::frexp(amax, &q);
+      e = std::clamp(10 - q, -100, 100);
+    }
+    for (int64_t c = 0; c < stride; ++c) {
+      const float v = c < k ? bf16_to_f32(f32_to_bf16(xi[c])) : 0.0f;
+      out[i * stride + c] = f32_to_f16(std::ldexp(v, e));
+    }
+    unscale[i] = std::ldexp(1.0f, 8 - e);
   }
 }
 

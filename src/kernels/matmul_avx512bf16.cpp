@@ -206,6 +206,11 @@ struct Bf16Gemm {
 void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
                           int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16);
+  if (w.dtype == DType::kF8E4M3 && fp8_f16_rows_ok(w, x) && r0 % 2 == 0) {
+    // fp16 arithmetic (a few activation rows, AVX-512 FP16); a last odd row takes the paths below
+    r0 = rows_fp8_f16_avx512fp16(w, x, y, y_stride, accumulate, r0, r1);
+    if (r0 == r1) return;
+  }
   if (amx_rows_ok(w, x, r0)) {  // the activations were prepared for AMX (amx_wanted)
     rows_amx_avx512bf16(w, x, y, y_stride, accumulate, r0, r1);
     return;

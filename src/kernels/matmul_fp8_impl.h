@@ -7,7 +7,9 @@
 // byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
 // each 128-column block is summed in fp32 and multiplied by its scale.
 //  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step.
-//  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too, two weight rows against chunks of up to four
+//  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too (on CPUs with AVX-512 FP16, 2-4 rows take the
+//    fp16 kernel of matmul_fp8f16_avx512fp16.cpp instead, and on AMX CPUs 5-16 the tiles), two
+//    weight rows against chunks of up to four
 //    activation rows (fp8_mv_rows; with the VBMI converter and whole 128-column blocks, through
 //    its assembly pair kernel, fp8_pair). m = 2 went through fp8_matvec_rows<2> before, whose
 //    one-thread cache-resident ceiling was half of fp8_mv_rows' (17.8 against 35.1 GB/s, `bench

@@ -48,12 +48,33 @@ struct ActView {
   const uint32_t* xt = nullptr;
   int64_t xt_stride = 0;
   uint32_t* xt_space = nullptr;  // where act_build_xt writes (whole views from layout_activations)
+  // fp8 weights in fp16 arithmetic (fp8_use_f16, matmul_fp8f16_avx512fp16.cpp): the kBF16 rows in
+  // natural order as fp16, each times a power of two 2^e that puts its largest magnitude in
+  // [2^9, 2^10) (exact: bf16 values fit fp16's mantissa), zero-padded to `stride`; f16_unscale[i] =
+  // 2^(8 - e) turns row i's sums back (the 8: the kernel reads e4m3 codes as fp16 times 2^-8). Null
+  // unless filled (prepare_activations with build_f16, or copies from a filled view).
+  const uint16_t* f16 = nullptr;       // [m, stride]
+  const float* f16_unscale = nullptr;  // [m]
+  uint16_t* f16_space = nullptr;       // where they go (whole views from layout_activations)
+  float* f16_unscale_space = nullptr;
 };
 
 // Whether fp8 weights use the AVX-512 VBMI converter (CPU support, unless overridden for tests:
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
+// Whether fp8 weights at 2..kFp8F16MaxM activation rows use fp16 arithmetic (CPU support: AVX-512
+// FP16 and the VBMI converter, unless overridden for tests and benchmarks like fp8_use_vbmi;
+// FATHOM_FP8_F16=0 turns it off for the process). Buffers are sized by fp8_f16_available, which
+// ignores the override.
+bool fp8_use_f16(SimdLevel level);
+bool fp8_f16_available();
+void set_fp8_f16_override(int override);
+// The fp16 kernel's range of activation rows, from 2 to this many. Two threads, [1408 x 2048] and
+// [2048 x 1408] from memory (`bench gemm`, model-167 Xeon VM): at one row it read 0.77-0.81 of the
+// bandwidth against the m = 1 kernel's 0.82-0.91; at 6 and 8 rows (two 4-row sweeps, the weights
+// converted twice) 0.48 / 0.39 against the tiles' 0.60 / 0.59.
+inline constexpr int64_t kFp8F16MaxM = 4;
 
 // Which activation form a weight dtype uses at a SIMD level.
 ActKind act_kind_for(DType dtype, SimdLevel level);
@@ -64,8 +85,11 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k);
 // Fills `scratch` (act_scratch_bytes, 64-byte aligned) and returns the view. Rows are split over
 // the pool. x_stride in elements.
 // build_xt false skips the AMX transposed pairs (a view that is only copied from, say).
+// build_f16: also the fp16 rows (ActView::f16) where fp8_use_f16 holds for fp8 weights; by default
+// when m itself is in the fp16 kernel's range (the experts pass it for rows they gather).
 ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_t m, int64_t k,
-                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt = true);
+                            int64_t x_stride, void* scratch, ThreadPool& pool, bool build_xt = true,
+                            int build_f16 = -1);
 
 // The buffers of a prepared-activation view for m rows of k columns placed in `scratch`
 // (act_scratch_bytes for kind and a dtype that needs a copy; kF32 rows are plain fp32 with stride k).
@@ -87,8 +111,17 @@ bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
 void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool);
 // Rows [begin, begin + count) of a view (pointers advanced; same stride).
 ActView act_rows(const ActView& a, int64_t begin, int64_t count);
-// Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations).
+// Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations),
+// with its fp16 form when both views have one (see act_enable_f16).
 void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64_t dst_row);
+// Marks a laid-out view's fp16 rows as present (its f16_space filled by copies); false when it has
+// no room for them.
+bool act_enable_f16(ActView& a);
+// Whether matmuls of fp8 weights over x take the fp16 kernel (x has fp16 rows, m in its range,
+// whole 128-column blocks).
+inline bool fp8_f16_rows_ok(const WeightView& w, const ActView& x) {
+  return x.f16 != nullptr && x.m >= 2 && x.m <= kFp8F16MaxM && w.cols % 128 == 0;
+}
 
 // Quantises one row (k a multiple of 32) the way every path does: per 32-block d = amax/127,
 // q = round-half-even(x * (127/amax)), plus the two correction sums. Scalar; the reference.
@@ -139,6 +172,10 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
                           int64_t r0, int64_t r1);
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1);
+// fp8 weights in fp16 arithmetic (fp8_f16_rows_ok, r0 even): computes the whole pairs of [r0, r1)
+// and returns where they end (r1, or r1 - 1 for an odd count, which the caller computes).
+int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
+                                bool accumulate, int64_t r0, int64_t r1);
 // AMX BF16 tiles for bf16 and fp8 (VBMI order) weights. A view has xt only where amx_wanted held
 // for its dtype, converter and k; amx_rows_ok adds what each call decides: the row subview's m
 // (an expert's tokens) and a 16-row aligned r0.
@@ -169,6 +206,12 @@ inline int64_t fp8_perm64_index(int64_t c) {
 }
 void act_to_bf16_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
                              int64_t i0, int64_t i1, bool perm64);
+// The fp16 rows of ActView::f16 (and their f16_unscale) for rows [i0, i1) of x; the scalar one is
+// the reference the AVX-512 FP16 one matches bit for bit.
+void act_to_f16_rows_scalar(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                            float* unscale, int64_t i0, int64_t i1);
+void act_to_f16_rows_avx512fp16(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                                float* unscale, int64_t i0, int64_t i1);
 void act_round_bf16_rows_scalar(const float* x, int64_t x_stride, int64_t k, float* out, int64_t i0,
                                 int64_t i1);
 void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q,

@@ -31,6 +31,16 @@ bool is_quant(DType t) {
 
 // Tolerance relative to sum |x w|: fp32 accumulation of up to ~1000 products in any order.
 constexpr double kRelTol = 2e-5;
+// fp8 weights at 2..kFp8F16MaxM rows on AVX-512 FP16 CPUs: each 128-column block is summed per lane
+// in fp16 (two blocks: 8 fused products and the halves' sum, each rounding at most u = 2^-11 of a
+// partial sum bounded by the lane's sum |x w|), then in fp32. The tolerance is 2u: these tests'
+// errors stay below 0.4u (about what the bf16 rounding of the activations already costs), and a
+// lost block, a wrong scale or a misplaced column is off by far more.
+constexpr double kF16RelTol = 2.0 / 2048;
+bool takes_f16(const WeightView& w, int64_t m) {
+  return w.dtype == DType::kF8E4M3 && matmul_internal::fp8_use_f16(simd_level()) && m >= 2 &&
+         m <= matmul_internal::kFp8F16MaxM && w.cols % 128 == 0;
+}
 
 struct Case {
   int64_t rows, cols, m;
@@ -38,10 +48,11 @@ struct Case {
   int64_t x_pad, y_pad;
 };
 
-// Runs one case at the current SIMD level and compares with matmul_ref.
-void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, const std::string& what) {
+// Runs one case at the current SIMD level on the activations xdense ([m, cols]) and compares with
+// matmul_ref.
+void check_case_x(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, const std::string& what,
+                  const std::vector<float>& xdense) {
   const int64_t xs = w.cols + c.x_pad, ys = w.rows + c.y_pad;
-  std::vector<float> xdense = random_floats(rng, c.m * w.cols);
   std::vector<float> x(static_cast<size_t>(c.m * xs), 777.0f), y(static_cast<size_t>(c.m * ys), 0.0f);
   for (int64_t i = 0; i < c.m; ++i)
     std::memcpy(x.data() + i * xs, xdense.data() + i * w.cols, static_cast<size_t>(w.cols) * 4);
@@ -52,6 +63,7 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
   std::vector<double> ref(static_cast<size_t>(c.m * w.rows));
   matmul_ref(w, xdense.data(), c.m, ref.data());
   const std::vector<double> scale = abs_dot(w, xdense.data(), c.m);
+  const double rel_tol = takes_f16(w, c.m) ? kF16RelTol : kRelTol;
   int bad = 0;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t r = 0; r < ys; ++r) {
@@ -62,7 +74,7 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
       }
       const size_t ri = static_cast<size_t>(i * w.rows + r);
       const double want = ref[ri] + (c.accumulate ? y0[yi] : 0.0);
-      const double tol = kRelTol * scale[ri] + 1e-6 * std::fabs(want) + 1e-30;
+      const double tol = rel_tol * scale[ri] + 1e-6 * std::fabs(want) + 1e-30;
       if (!(std::fabs(y[yi] - want) <= tol) && ++bad < 5) {
         ADD_FAILURE() << what << " m=" << i << " r=" << r << ": got " << y[yi] << " want " << want << " tol "
                       << tol;
@@ -70,6 +82,11 @@ void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, 
     }
   }
   ASSERT_EQ(bad, 0) << what;
+}
+
+// The same on fresh standard-normal activations.
+void check_case(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool, const std::string& what) {
+  check_case_x(rng, w, c, pool, what, random_floats(rng, c.m * w.cols));
 }
 
 std::string describe(DType t, SimdLevel l, const Case& c) {
@@ -176,7 +193,8 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   std::vector<float> x = random_floats(rng, 6 * cols), y(6 * rows);
   for (SimdLevel level : supported_levels()) {
     SimdCap cap(level);
-    for (int64_t m : {1, 6}) {
+    for (int64_t m : {1, 2, 3, 4, 6}) {
+      std::fill(y.begin(), y.end(), 0.0f);  // no NaN left from the previous call
       matmul(w, x.data(), m, y.data(), *pool);
       for (int64_t i = 0; i < m; ++i) {
         EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i * rows + 3)])) << simd_level_name(level) << " m=" << m;
@@ -184,6 +202,115 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
             << simd_level_name(level) << " m=" << m;
       }
     }
+  }
+}
+
+// fp8 weights at 2-4 activation rows on AVX-512 FP16 CPUs (fp16 arithmetic, activations scaled by
+// powers of two and by each column block's scale): rows of very different magnitudes (products
+// that overflow fp16 without the scaling, or fall below its range), every e4m3 code but NaN,
+// scales spread over a 128-row group, odd block counts (the kernel sums blocks in pairs), odd row
+// counts and second scale groups; the same cases with the fp16 kernel turned off take the bf16
+// path, checked at its own tolerance.
+TEST(Matmul, Fp8F16KernelMatchesReferenceAtEveryActivationScale) {
+  if (!matmul_internal::fp8_use_f16(SimdLevel::kAvx512Bf16) || simd_level() < SimdLevel::kAvx512Bf16)
+    GTEST_SKIP() << "no AVX-512 FP16";
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t cols_list[] = {128, 384, 1408, 2048};
+  const int64_t rows_list[] = {2, 7, 130, 300};
+  const double row_exps[] = {0, 4.5, -4, 30, -30};  // log10 of a row's magnitude
+  for (int f16 : {1, 0}) {
+    matmul_internal::set_fp8_f16_override(f16);
+    for (int trial = 0; trial < 12; ++trial) {
+      Case c{rows_list[rng.below(4)],
+             cols_list[rng.below(4)],
+             static_cast<int64_t>(2 + rng.below(3)),
+             rng.below(2) == 1,
+             static_cast<int64_t>(rng.below(3)),
+             static_cast<int64_t>(rng.below(3))};
+      auto w = random_weight(rng, DType::kF8E4M3, c.rows, c.cols, trial % 2 == 1);
+      ASSERT_EQ(takes_f16(w.view, c.m), f16 == 1);
+      std::vector<float> x = random_floats(rng, c.m * c.cols);
+      for (int64_t i = 0; i < c.m; ++i) {
+        const double e = row_exps[(trial + i) % 5];
+        for (int64_t k = 0; k < c.cols; ++k) {
+          // within a row, blocks up to 2^6 apart as well
+          const double block = std::ldexp(1.0, static_cast<int>((k / 128 * 7 + i) % 7));
+          x[static_cast<size_t>(i * c.cols + k)] *= static_cast<float>(std::pow(10.0, e) * block);
+        }
+      }
+      check_case_x(rng, w.view, c, *pool,
+                   fmt::format("f16={} {}", f16, describe(w.view.dtype, simd_level(), c)), x);
+    }
+  }
+  matmul_internal::set_fp8_f16_override(-1);
+}
+
+// A 128-row group whose column-block scales spread beyond 2^14 would leave the small-scale blocks'
+// products as fp16 subnormals; such a group runs on the bf16 path (the activations are scaled up
+// where the scales are small, so those blocks carry as much as the others and losing their bits
+// would be far beyond the tolerance). Groups with a zero scale stay on the fp16 kernel.
+TEST(Matmul, Fp8F16GroupsWithWideScaleSpreadStayExact) {
+  if (!matmul_internal::fp8_use_f16(SimdLevel::kAvx512Bf16) || simd_level() < SimdLevel::kAvx512Bf16)
+    GTEST_SKIP() << "no AVX-512 FP16";
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t rows = 256, cols = 512;
+  auto w = random_weight(rng, DType::kF8E4M3, rows, cols);
+  // group 0: scales 1, 1.37 * 2^-26, 1.91 * 2^-29, 1.13 * 2^-31; group 1: 1, 0, 0.7, 0.3
+  const float spread[] = {1.0f, 1.37f * 0x1p-26f, 1.91f * 0x1p-29f, 1.13f * 0x1p-31f, 1.0f, 0.0f, 0.7f, 0.3f};
+  for (int i = 0; i < 8; ++i) w.scale[static_cast<size_t>(i)] = spread[i];
+  for (int64_t m = 2; m <= 4; ++m) {
+    std::vector<float> x = random_floats(rng, m * cols);
+    for (int64_t i = 0; i < m; ++i)  // every block of group 0 contributes alike
+      for (int64_t k = 128; k < cols; ++k) x[static_cast<size_t>(i * cols + k)] /= spread[k / 128];
+    Case c{rows, cols, m, false, 0, 0};
+    check_case_x(rng, w.view, c, *pool, describe(w.view.dtype, simd_level(), c), x);
+  }
+}
+
+// The fp16 activation rows (ActView::f16) bit for bit against the scalar reference: zero rows,
+// rows with inf or NaN (power of two 1), huge and tiny rows (the clamp), k not a multiple of 16
+// (zero padding).
+TEST(Matmul, Fp16ActivationRowsMatchTheScalarReferenceBitForBit) {
+  if (!matmul_internal::fp8_f16_available()) GTEST_SKIP() << "no AVX-512 FP16";
+  Rng rng(test_seed());
+  for (int64_t k : {7, 64, 130, 2048}) {
+    const int64_t m = 9, stride = (k + 63) / 64 * 64;
+    std::vector<float> x = random_floats(rng, m * k);
+    const float row_scale[] = {1.0f, 0.0f, 1e30f, 1e-30f, 3e-39f, 65504.0f, 1.0f, 1.0f, 1e-3f};
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < k; ++c) x[static_cast<size_t>(i * k + c)] *= row_scale[i];
+    x[static_cast<size_t>(6 * k + k / 2)] = __builtin_inff();
+    x[static_cast<size_t>(7 * k + k - 1)] = __builtin_nanf("");
+    std::vector<uint16_t> a(static_cast<size_t>(m * stride), 0xdead), b(a.size(), 0xbeef);
+    std::vector<float> ua(static_cast<size_t>(m)), ub(static_cast<size_t>(m));
+    matmul_internal::act_to_f16_rows_scalar(x.data(), k, k, stride, a.data(), ua.data(), 0, m);
+    matmul_internal::act_to_f16_rows_avx512fp16(x.data(), k, k, stride, b.data(), ub.data(), 0, m);
+    for (int64_t i = 0; i < m; ++i) {
+      EXPECT_EQ(ua[static_cast<size_t>(i)], ub[static_cast<size_t>(i)]) << "k=" << k << " row " << i;
+      for (int64_t c = 0; c < stride; ++c) {
+        const uint16_t va = a[static_cast<size_t>(i * stride + c)],
+                       vb = b[static_cast<size_t>(i * stride + c)];
+        const bool nan = (va & 0x7c00) == 0x7c00 && (va & 0x3ff) != 0;
+        if (nan) {
+          EXPECT_TRUE((vb & 0x7c00) == 0x7c00 && (vb & 0x3ff) != 0)
+              << "k=" << k << " row " << i << " col " << c;
+        } else {
+          ASSERT_EQ(va, vb) << "k=" << k << " row " << i << " col " << c;
+        }
+        if (c >= k) {
+          ASSERT_EQ(va, 0) << "padding";
+        }
+      }
+    }
+    // a plain row's largest magnitude lands in [2^9, 2^10) and unscale undoes the power of two
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(f16_to_f32(a[static_cast<size_t>(c)])));
+    EXPECT_GE(amax, 512.0f);
+    EXPECT_LT(amax, 1024.0f);
+    EXPECT_EQ(f16_to_f32(a[0]) * ua[0] / 256.0f, bf16_to_f32(f32_to_bf16(x[0])));
+    EXPECT_EQ(ua[1], 256.0f);  // the zero row keeps 2^0
   }
 }
 
@@ -223,7 +350,8 @@ TEST(Matmul, AmxTilesAndAvx512KernelsBothMatchReference) {
       for (int trial = 0; trial < 10; ++trial) {
         Case c{rows_list[rng.below(4)], cols_list[rng.below(4)], ms[rng.below(8)], rng.below(2) == 1,
                static_cast<int64_t>(rng.below(3)), static_cast<int64_t>(rng.below(3))};
-        EXPECT_EQ(matmul_internal::amx_wanted(t, simd_level(), c.m, c.cols), amx);
+        EXPECT_EQ(matmul_internal::amx_wanted(t, simd_level(), c.m, c.cols),
+                  amx && !takes_f16(WeightView{t, c.rows, c.cols, nullptr, nullptr}, c.m));
         auto w = random_weight(rng, t, c.rows, c.cols, trial % 3 == 2);
         check_case(rng, w.view, c, *pool, fmt::format("amx={} {}", amx, describe(t, simd_level(), c)));
       }

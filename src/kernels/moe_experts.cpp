@@ -212,10 +212,17 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   const RowsKernel gate_kernel = rows_kernel_for(gate_type, level),
                    down_kernel = rows_kernel_for(down_type, level);
 
-  // 1. prepare x per token, gather into expert order
-  const ActView xp =
-      prepare_activations(gate_type, level, x, n_tokens, p.hidden, p.hidden, s.x_prep.data(), pool, false);
+  // 1. prepare x per token, gather into expert order (with the rows' fp16 form when some expert's
+  // token count is in the fp8 fp16 kernel's range)
+  bool f16_counts = false;
+  for (int64_t e = 0; e < p.n_experts; ++e) {
+    const int64_t n = s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
+    f16_counts = f16_counts || (n >= 2 && n <= kFp8F16MaxM);
+  }
+  const ActView xp = prepare_activations(gate_type, level, x, n_tokens, p.hidden, p.hidden, s.x_prep.data(),
+                                         pool, false, f16_counts ? 1 : 0);
   ActView xg = layout_activations(xp.kind, xp.bf16_perm64, n_assign, p.hidden, s.xg.data());
+  if (xp.f16 != nullptr) act_enable_f16(xg);
   pool.parallel_for(n_assign, 16, [&](int64_t a0, int64_t a1, int) {
     for (int64_t a = a0; a < a1; ++a) copy_act_row(xp, s.assign_token[static_cast<size_t>(a)], xg, a);
   });
@@ -240,8 +247,8 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   });
 
   // 3. prepare h; 4. down into per-assignment outputs (the gathered-x buffer is free again)
-  const ActView hp =
-      prepare_activations(down_type, level, gate_out, n_assign, p.inter, p.inter, s.h_prep.data(), pool);
+  const ActView hp = prepare_activations(down_type, level, gate_out, n_assign, p.inter, p.inter,
+                                         s.h_prep.data(), pool, true, f16_counts ? 1 : 0);
   auto* out = s.xg.as<float>();
   make_tasks(s, p.n_experts, p.hidden, down_type, level);
   pool.run(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {

@@ -1,0 +1,311 @@
+// FP8 weights against a few activation rows in fp16 arithmetic, for CPUs with AVX-512 FP16
+// (compiled with -mavx512fp16, chosen at run time by fp8_use_f16).
+//
+// Why: on the Xeons with AMX, vfmadd231ph does 32 products in a quarter of the time vdpbf16ps
+// takes for its 32 (0.16 against 0.56 ns per instruction, one thread, model-167 VM), and e4m3
+// converts to fp16 by shifts instead of table lookups: sign-extend the byte to 16 bits, shift left
+// by 7 and clear bit 14. The result's bits are s 0 eeee mmm 0000000, an fp16 equal to the e4m3
+// value times 2^-8 for normal and subnormal codes alike, so the conversion is exact. A decode
+// step's experts see 1-8 tokens each, where the bf16 dot products, not the memory, bounded the
+// row-wise kernel (docs/PERFORMANCE.md, "FP16 products for fp8 weights at a few rows").
+//
+// Precision: the activations are the bf16-rounded rows every other path uses, scaled per row by a
+// power of two (ActView::f16), so they are exact in fp16. For each 128-row weight group they are
+// multiplied in fp32 by the scale of their column block and rounded once to fp16 (at most 2^-12),
+// so two blocks can be summed per lane in fp16 before a conversion to fp32 (8 fused products, then
+// the two 256-bit halves added). Each rounding is at most u = 2^-11 of a partial sum bounded by the
+// lane's sum |x w|; matmul_test sees errors up to 0.4u of that sum (its bound is 2u), about what the
+// bf16 rounding of the activations already costs. A group whose scales spread beyond 2^14 (the
+// small-scale blocks' products would fall to fp16 subnormals) or are not finite runs on the bf16
+// path.
+//
+// e4m3 NaN codes (0x7f, 0xff) would read as +-1.875 here; the kernel tracks the byte maxima of the
+// rows it reads and the caller recomputes a pair of rows holding one on the bf16 path, which keeps
+// NaN results.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/matmul_impl.h"
+
+namespace fathom::matmul_internal {
+namespace {
+
+// Register plan of the pair kernel: zmm0-7 the fp16 sums of the current two blocks, zmm(4i + m)
+// for weight row i and activation row m; zmm8-15 the fp32 totals in the same order; zmm16-19 the
+// converted weights (row 0 columns 0-31 and 32-63 of a half block, then row 1); zmm20/21 one
+// activation row's two vectors; zmm25 the 0xbfff word mask; zmm26 flush scratch; zmm28/29 the
+// unsigned and signed byte maxima of the weights read (NaN codes); zmm30 their bytes.
+// %[k] runs from -K to 0 over the weight bytes; every pointer is the end of its row.
+#define H8_CONV(W, D)              \
+  "vpmovsxbw " W ", %%zmm" D       \
+  "\n\t"                           \
+  "vpsllw $7, %%zmm" D ", %%zmm" D \
+  "\n\t"                           \
+  "vpandd %%zmm25, %%zmm" D ", %%zmm" D "\n\t"
+#define H8_NAN(W)                         \
+  "vmovdqu8 " W                           \
+  ", %%zmm30\n\t"                         \
+  "vpmaxub %%zmm30, %%zmm28, %%zmm28\n\t" \
+  "vpmaxsb %%zmm30, %%zmm29, %%zmm29\n\t"
+#define H8_DOT(OP, H, XP, ACC0, ACC1)                                                             \
+  "vmovdqu16 2*" H "(%[" XP                                                                       \
+  "],%[k],2), %%zmm20\n\t"                                                                        \
+  "vmovdqu16 2*" H "+64(%[" XP "],%[k],2), %%zmm21\n\t" OP " %%zmm20, %%zmm16, %%" ACC0 "\n\t" OP \
+  " %%zmm20, %%zmm18, %%" ACC1                                                                    \
+  "\n\t"                                                                                          \
+  "vfmadd231ph %%zmm21, %%zmm17, %%" ACC0                                                         \
+  "\n\t"                                                                                          \
+  "vfmadd231ph %%zmm21, %%zmm19, %%" ACC1 "\n\t"
+#define H8_DOTS1(OP, H) H8_DOT(OP, H, "x0", "zmm0", "zmm4")
+#define H8_DOTS2(OP, H) H8_DOTS1(OP, H) H8_DOT(OP, H, "x1", "zmm1", "zmm5")
+#define H8_DOTS3(OP, H) H8_DOTS2(OP, H) H8_DOT(OP, H, "x2", "zmm2", "zmm6")
+#define H8_DOTS4(OP, H) H8_DOTS3(OP, H) H8_DOT(OP, H, "x3", "zmm3", "zmm7")
+// 64 columns at byte offset H from %[k] (the activations at 2H): prefetch the next rows' line into
+// L1 and two lines of the far rows into L2 (as the bf16 pair kernel does per 128 columns), track
+// the NaN codes, convert rows 0 and 1, then each activation row's products (OP: vmulph where the
+// sums start, vfmadd231ph after).
+#define H8_HALF(OP, H, M)                                                                                \
+  "prefetcht0 " H                                                                                        \
+  "(%[p0],%[k])\n\t"                                                                                     \
+  "prefetcht0 " H                                                                                        \
+  "(%[p1],%[k])\n\t"                                                                                     \
+  "prefetcht1 2*" H                                                                                      \
+  "(%[f0],%[k],2)\n\t"                                                                                   \
+  "prefetcht1 2*" H "+64(%[f0],%[k],2)\n\t" H8_NAN(H "(%[w0],%[k])") H8_NAN(H "(%[w1],%[k])")            \
+      H8_CONV(H "(%[w0],%[k])", "16") H8_CONV(H "+32(%[w0],%[k])", "17") H8_CONV(H "(%[w1],%[k])", "18") \
+          H8_CONV(H "+32(%[w1],%[k])", "19") H8_DOTS##M(OP, H)
+// The fp16 sums (32 lanes) into the fp32 totals: upper half added to the lower, converted, added.
+#define H8_FLUSH(A, T)              \
+  "vextractf64x4 $1, %%zmm" A       \
+  ", %%ymm26\n\t"                   \
+  "vaddph %%ymm" A                  \
+  ", %%ymm26, %%ymm26\n\t"          \
+  "vcvtph2psx %%ymm26, %%zmm26\n\t" \
+  "vaddps %%zmm26, %%zmm" T ", %%zmm" T "\n\t"
+#define H8_FLUSH1 H8_FLUSH("0", "8") H8_FLUSH("4", "12")
+#define H8_FLUSH2 H8_FLUSH1 H8_FLUSH("1", "9") H8_FLUSH("5", "13")
+#define H8_FLUSH3 H8_FLUSH2 H8_FLUSH("2", "10") H8_FLUSH("6", "14")
+#define H8_FLUSH4 H8_FLUSH3 H8_FLUSH("3", "11") H8_FLUSH("7", "15")
+#define H8_ZERO(R) "vpxord %%zmm" R ", %%zmm" R ", %%zmm" R "\n\t"
+#define H8_STORE(R, OFF) "vmovaps %%zmm" R ", " OFF "(%[tot])\n\t"
+// Two 128-column blocks per iteration, summed per lane in fp16 and flushed once; an odd block count
+// runs the first block alone.
+#define H8_LOOP(M) \
+  "vpbroadcastw %[mask], %%zmm25\n\t"                                                      \
+  H8_ZERO("28") H8_ZERO("29")                                                              \
+  H8_ZERO("8") H8_ZERO("9") H8_ZERO("10") H8_ZERO("11")                                    \
+  H8_ZERO("12") H8_ZERO("13") H8_ZERO("14") H8_ZERO("15")                                  \
+  "test %[odd], %[odd]\n\t"                                                                \
+  "jz 2f\n\t"                                                                              \
+  H8_HALF("vmulph", "0", M) H8_HALF("vfmadd231ph", "64", M) H8_FLUSH##M                    \
+  "add $128, %[k]\n\t"                                                                     \
+  "jz 3f\n\t"                                                                              \
+  "2:\n\t"                                                                                 \
+  H8_HALF("vmulph", "0", M) H8_HALF("vfmadd231ph", "64", M)                                \
+  H8_HALF("vfmadd231ph", "128", M) H8_HALF("vfmadd231ph", "192", M) H8_FLUSH##M            \
+  "add $256, %[k]\n\t"                                                                     \
+  "jnz 2b\n\t"                                                                             \
+  "3:\n\t"                                                                                 \
+  H8_STORE("8", "0") H8_STORE("9", "64") H8_STORE("10", "128") H8_STORE("11", "192")       \
+  H8_STORE("12", "256") H8_STORE("13", "320") H8_STORE("14", "384") H8_STORE("15", "448")  \
+  "vmovdqu8 %%zmm28, 512(%[tot])\n\t"                                                      \
+  "vmovdqu8 %%zmm29, 576(%[tot])\n\t"
+
+#define H8_CLOBBERS                                                                                          \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
+      "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm25", "xmm26",     \
+      "xmm28", "xmm29", "xmm30", "cc", "memory"
+
+// Output of the pair kernel: per-lane fp32 totals [weight row][activation row][16], then the byte
+// maxima of the weights read (unsigned, signed).
+struct alignas(64) PairOut {
+  float tot[2][4][16];
+  uint8_t max_u[64];
+  int8_t max_s[64];
+};
+
+// Weight rows w0 and w0 + K against m (1..4) fp16 activation rows x + i * xs that already carry
+// the block scales; K % 128 == 0. pf, pf + K: rows to prefetch into L1 at the same columns; far,
+// far + K: two rows to request into L2, 256 contiguous bytes per block.
+void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs, const uint8_t* pf,
+                 const uint8_t* far, PairOut& out) {
+  int64_t k = -K;
+  const int64_t odd = (K / 128) % 2;
+  const uint8_t* f0e = far + 2 * K;
+  const uint8_t* w0e = w0 + K;
+  const uint8_t* w1e = w0 + 2 * K;
+  const uint8_t* p0e = pf + K;
+  const uint8_t* p1e = pf + 2 * K;
+  const uint16_t* x0 = x + K;  // rows beyond m point at row 0 (never read)
+  const uint16_t* x1 = m > 1 ? x0 + xs : x0;
+  const uint16_t* x2 = m > 2 ? x0 + 2 * xs : x0;
+  const uint16_t* x3 = m > 3 ? x0 + 3 * xs : x0;
+  float* tot = &out.tot[0][0][0];
+  const uint32_t mask = 0xbfff;
+#define H8_ASM(M)                                                                                            \
+  asm volatile(H8_LOOP(M)                                                                                    \
+               : [k] "+r"(k)                                                                                 \
+               : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),     \
+                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [mask] "r"(mask), [f0] "r"(f0e), [odd] "r"(odd) \
+               : H8_CLOBBERS)
+  switch (m) {
+    case 1:
+      H8_ASM(1);
+      return;
+    case 2:
+      H8_ASM(2);
+      return;
+    case 3:
+      H8_ASM(3);
+      return;
+    default:
+      H8_ASM(4);
+      return;
+  }
+#undef H8_ASM
+}
+
+inline const uint8_t* fp8_row_ptr(const WeightView& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * w.cols;
+}
+
+// Whether the bytes the kernel read held an e4m3 NaN code (0x7f or 0xff).
+inline bool saw_nan(const PairOut& o) {
+  const __m512i u = _mm512_load_si512(o.max_u), s = _mm512_load_si512(o.max_s);
+  return (_mm512_cmpeq_epi8_mask(u, _mm512_set1_epi8(static_cast<char>(0xff))) |
+          _mm512_cmpeq_epi8_mask(s, _mm512_set1_epi8(0x7f))) != 0;
+}
+
+// The activation rows of one 128-row weight group: row i's fp16 values (|x| < 2^10) times the
+// scale of their column block and a power of two 2^t that puts the group's largest scale in
+// [1/2, 1), in fp32, rounded to fp16. factor[i] turns row i's sums back: f16_unscale[i] * 2^-t.
+// False (nothing written) when a scale is not finite or a nonzero one is below 2^-14 after the
+// power of two.
+struct ScaledRows {
+  std::vector<uint16_t> x;  // [m][K]
+  float factor[4] = {};
+};
+
+bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, ScaledRows& out) {
+  const int64_t nkb = K / 128;
+  float smax = 0, smin = __builtin_inff();
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const float v = std::fabs(scale[kb]);
+    if (!std::isfinite(v)) return false;
+    smax = std::max(smax, v);
+    if (v > 0) smin = std::min(smin, v);
+  }
+  int t = 0;
+  if (smax > 0) {
+    std::frexp(smax, &t);  // smax in [2^(t-1), 2^t)
+    t = -t;
+    if (t > 126 || t < -126 || std::ldexp(smin, t) < 0x1p-14f) return false;
+  }
+  for (int64_t i = 0; i < m; ++i) out.factor[i] = a.f16_unscale[i] * std::ldexp(1.0f, -t);
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const __m512 s = _mm512_set1_ps(std::ldexp(scale[kb], t));
+    for (int64_t i = 0; i < m; ++i) {
+      const uint16_t* xi = a.f16 + i * a.stride + kb * 128;
+      uint16_t* oi = out.x.data() + i * K + kb * 128;
+      for (int64_t c = 0; c < 128; c += 16) {
+        const __m512 v = _mm512_cvtxph_ps(_mm256_loadu_ph(xi + c));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(oi + c),
+                            _mm512_cvtps_ph(_mm512_mul_ps(v, s), _MM_FROUND_TO_NEAREST_INT));
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                                int64_t r0, int64_t r1) {
+  CHECK(x.f16 != nullptr && w.dtype == DType::kF8E4M3 && w.cols % 128 == 0 && r0 % 2 == 0 && x.m <= 4);
+  const int64_t K = w.cols, m = x.m;
+  const int mi = static_cast<int>(m);
+  const int64_t re = r0 + (r1 - r0) / 2 * 2;  // whole pairs; the caller takes a last odd row
+  thread_local ScaledRows sr;
+  if (static_cast<int64_t>(sr.x.size()) < m * K) sr.x.resize(static_cast<size_t>(m * K));
+  // the next rows but one into L1 and the rows kFar ahead into L2, both while this pair is read
+  // (2 / 4 / 6 rows ahead into L1 and 8 / 16 / 24 into L2 read alike from memory at m = 2-4)
+  constexpr int64_t kAhead = 4, kFar = 8;
+  prefetch_range_l1(fp8_row_ptr(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
+  PairOut out;
+  for (int64_t g0 = r0; g0 < re; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
+    const int64_t g1 = std::min(re, (g0 / 128 + 1) * 128);
+    if (!scale_rows(x, m, K, fp8_scale_row(w, g0), sr)) {
+      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+      continue;
+    }
+    for (int64_t r = g0; r < g1; r += 2) {
+      const uint8_t* self = fp8_row_ptr(w, r);
+      const uint8_t* pf = r + kAhead + 2 <= re ? fp8_row_ptr(w, r + kAhead) : self;
+      const uint8_t* far = r + kFar + 2 <= re ? fp8_row_ptr(w, r + kFar) : self;
+      pair_kernel(mi, self, K, sr.x.data(), K, pf, far, out);
+      if (saw_nan(out)) {  // keep NaN results: these two rows on the bf16 path
+        rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, r, r + 2);
+        continue;
+      }
+      for (int i = 0; i < mi; ++i) {
+        float* yr = y + i * ldy + r;
+        const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(out.tot[0][i])) * sr.factor[i];
+        const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(out.tot[1][i])) * sr.factor[i];
+        yr[0] = accumulate ? yr[0] + s0 : s0;
+        yr[1] = accumulate ? yr[1] + s1 : s1;
+      }
+    }
+  }
+  return re;
+}
+
+// The bf16 rounding of every path, then the row's power of two: e with max |x| * 2^e in
+// [2^9, 2^10) (0 for an all-zero or non-finite row; clamped to +-100 for extreme rows), so a
+// 128-column block's fp16 lane sums stay below 8 * 2^10 * 1.75.
+void act_to_f16_rows_avx512fp16(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
+                                float* unscale, int64_t i0, int64_t i1) {
+  const __m512i round_bias = _mm512_set1_epi32(0x7fff);
+  auto load_bf16 = [&](const float* xi, int64_t c) {  // 16 values, bf16-rounded (RNE), zero past k
+    const __m512 v = c < k ? _mm512_maskz_loadu_ps(
+                                 static_cast<__mmask16>(k - c >= 16 ? 0xffff : (1u << (k - c)) - 1), xi + c)
+                           : _mm512_setzero_ps();
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(round_bias, odd));
+    const __m512i rounded = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+    // NaN: keep it NaN (quiet) rather than rounding its payload into inf
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_mov_ps(_mm512_castsi512_ps(rounded), nan, v);
+  };
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* xi = x + i * x_stride;
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 nonfinite = 0;
+    for (int64_t c = 0; c < k; c += 16) {
+      const __m512 v = _mm512_abs_ps(load_bf16(xi, c));
+      nonfinite |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);  // inf or NaN
+      mx = _mm512_max_ps(mx, v);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    int e = 0;
+    if (nonfinite == 0 && amax > 0) {
+      int q = 0;
+      std::frexp(amax, &q);  // amax in [2^(q-1), 2^q)
+      e = std::clamp(10 - q, -100, 100);
+    }
+    const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, e));
+    uint16_t* oi = out + i * stride;
+    for (int64_t c = 0; c < stride; c += 16) {
+      const __m512 v = _mm512_mul_ps(load_bf16(xi, c), scale);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(oi + c), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    unscale[i] = std::ldexp(1.0f, 8 - e);
+  }
+}
+
+}  // namespace fathom::matmul_internal
