@@ -7,6 +7,7 @@
 #include "base/thread_pool.h"
 #include "cli/args.h"
 #include "cli/command.h"
+#include "kernels/matmul.h"
 
 namespace fathom::cli {
 namespace {
@@ -27,7 +28,8 @@ int run_cpu(int argc, char** argv) {
                         {"simd_level", simd_level_name(simd_level())},
                         {"threads", default_thread_count()},
                         {"amx", f.amx_tile},
-                        {"amx_matmul", amx_bf16_usable()}};
+                        {"amx_matmul", amx_bf16_usable()},
+                        {"fp8_f16", matmul_fp8_f16_active()}};
     print_json_line(j.dump());
     return 0;
   }
@@ -36,9 +38,16 @@ int run_cpu(int argc, char** argv) {
   std::printf("simd level: %s (supported: %s)\n", std::string(simd_level_name(simd_level())).c_str(),
               std::string(simd_level_name(simd_level_supported())).c_str());
   std::printf("amx tiles:  %s\n",
-              amx_bf16_usable() ? "used by matmul (bf16/fp8 weights, m >= 4) and MLA decode; FATHOM_AMX=0 turns them off"
-              : f.amx_tile      ? "present but not usable (tile state not granted, or FATHOM_AMX=0)"
-                                : "absent");
+              amx_bf16_usable()
+                  ? "used by matmul (bf16 weights from 2 rows, fp8 from 4, or 5 with the fp16 kernel) and "
+                    "MLA decode; FATHOM_AMX=0 turns them off"
+              : f.amx_tile ? "present but not usable (tile state not granted, or FATHOM_AMX=0)"
+                           : "absent");
+  std::printf("fp8 fp16:   %s\n",
+              matmul_fp8_f16_active()
+                  ? "fp8 weights at 2-4 rows in fp16 arithmetic; FATHOM_FP8_F16=0 turns it off"
+              : f.avx512_fp16 ? "off (FATHOM_FP8_F16=0, or a capped SIMD level)"
+                              : "absent (no AVX-512 FP16)");
   std::printf("threads:    %d\n", default_thread_count());
   return 0;
 }

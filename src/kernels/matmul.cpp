@@ -81,6 +81,10 @@ int64_t matmul_matvec_max_m(DType dtype) {
   return matvec_max_m(dtype, simd_level());
 }
 
+bool matmul_fp8_f16_active() {
+  return fp8_use_f16(simd_level());
+}
+
 void dequantize_weight_row(const WeightView& w, int64_t r, float* dst) {
   CHECK(r >= 0 && r < w.rows);
   const int64_t cols = w.cols;

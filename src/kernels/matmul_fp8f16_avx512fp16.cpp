@@ -7,7 +7,7 @@
 // by 7 and clear bit 14. The result's bits are s 0 eeee mmm 0000000, an fp16 equal to the e4m3
 // value times 2^-8 for normal and subnormal codes alike, so the conversion is exact. A decode
 // step's experts see 1-8 tokens each, where the bf16 dot products, not the memory, bounded the
-// row-wise kernel (docs/PERFORMANCE.md, "FP16 products for fp8 weights at a few rows").
+// row-wise kernel (docs/PERFORMANCE.md, "FP16 products for fp8 weights at 2-4 rows").
 //
 // Precision: the activations are the bf16-rounded rows every other path uses, scaled per row by a
 // power of two (ActView::f16), so they are exact in fp16. For each 128-row weight group they are
@@ -20,16 +20,18 @@
 // path.
 //
 // e4m3 NaN codes (0x7f, 0xff) would read as +-1.875 here; the kernel tracks the byte maxima of the
-// rows it reads and the caller recomputes a pair of rows holding one on the bf16 path, which keeps
+// rows it reads and the caller recomputes a 128-row group holding one on the bf16 path, which keeps
 // NaN results.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "base/check.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512_impl.h"
 
 namespace fathom::matmul_internal {
 namespace {
@@ -96,7 +98,8 @@ namespace {
 // runs the first block alone.
 #define H8_LOOP(M) \
   "vpbroadcastw %[mask], %%zmm25\n\t"                                                      \
-  H8_ZERO("28") H8_ZERO("29")                                                              \
+  "vmovdqu8 512(%[tot]), %%zmm28\n\t"                                                      \
+  "vmovdqu8 576(%[tot]), %%zmm29\n\t"                                                      \
   H8_ZERO("8") H8_ZERO("9") H8_ZERO("10") H8_ZERO("11")                                    \
   H8_ZERO("12") H8_ZERO("13") H8_ZERO("14") H8_ZERO("15")                                  \
   "test %[odd], %[odd]\n\t"                                                                \
@@ -120,8 +123,9 @@ namespace {
       "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm25", "xmm26",     \
       "xmm28", "xmm29", "xmm30", "cc", "memory"
 
-// Output of the pair kernel: per-lane fp32 totals [weight row][activation row][16], then the byte
-// maxima of the weights read (unsigned, signed).
+// Output of the pair kernel: per-lane fp32 totals [weight row][activation row][16] (zero for rows
+// beyond m), then the byte maxima of the weights read (unsigned, signed), which the kernel updates
+// (the caller clears them once per weight group).
 struct alignas(64) PairOut {
   float tot[2][4][16];
   uint8_t max_u[64];
@@ -173,7 +177,8 @@ inline const uint8_t* fp8_row_ptr(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + r * w.cols;
 }
 
-// Whether the bytes the kernel read held an e4m3 NaN code (0x7f or 0xff).
+// Whether the bytes the kernel read since the maxima were cleared held an e4m3 NaN code (0x7f or
+// 0xff).
 inline bool saw_nan(const PairOut& o) {
   const __m512i u = _mm512_load_si512(o.max_u), s = _mm512_load_si512(o.max_s);
   return (_mm512_cmpeq_epi8_mask(u, _mm512_set1_epi8(static_cast<char>(0xff))) |
@@ -236,27 +241,33 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
   constexpr int64_t kAhead = 4, kFar = 8;
   prefetch_range_l1(fp8_row_ptr(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
   PairOut out;
+  alignas(16) float sums[128][4];  // a group's results, [weight row - g0][activation row]
   for (int64_t g0 = r0; g0 < re; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
     const int64_t g1 = std::min(re, (g0 / 128 + 1) * 128);
     if (!scale_rows(x, m, K, fp8_scale_row(w, g0), sr)) {
       rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
       continue;
     }
+    std::memset(out.max_u, 0, sizeof(out.max_u));
+    std::memset(out.max_s, 0, sizeof(out.max_s));
     for (int64_t r = g0; r < g1; r += 2) {
       const uint8_t* self = fp8_row_ptr(w, r);
       const uint8_t* pf = r + kAhead + 2 <= re ? fp8_row_ptr(w, r + kAhead) : self;
       const uint8_t* far = r + kFar + 2 <= re ? fp8_row_ptr(w, r + kFar) : self;
       pair_kernel(mi, self, K, sr.x.data(), K, pf, far, out);
-      if (saw_nan(out)) {  // keep NaN results: these two rows on the bf16 path
-        rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, r, r + 2);
-        continue;
-      }
-      for (int i = 0; i < mi; ++i) {
-        float* yr = y + i * ldy + r;
-        const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(out.tot[0][i])) * sr.factor[i];
-        const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(out.tot[1][i])) * sr.factor[i];
-        yr[0] = accumulate ? yr[0] + s0 : s0;
-        yr[1] = accumulate ? yr[1] + s1 : s1;
+      const auto t = [&](int row, int i) { return _mm512_load_ps(out.tot[row][i]); };
+      _mm_store_ps(sums[r - g0], hsum4(t(0, 0), t(0, 1), t(0, 2), t(0, 3)));
+      _mm_store_ps(sums[r - g0 + 1], hsum4(t(1, 0), t(1, 1), t(1, 2), t(1, 3)));
+    }
+    if (saw_nan(out)) {  // keep NaN results: the group on the bf16 path (nothing written yet)
+      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+      continue;
+    }
+    for (int i = 0; i < mi; ++i) {
+      float* yi = y + i * ldy;
+      for (int64_t r = g0; r < g1; ++r) {
+        const float v = sums[r - g0][i] * sr.factor[i];
+        yi[r] = accumulate ? yi[r] + v : v;
       }
     }
   }
