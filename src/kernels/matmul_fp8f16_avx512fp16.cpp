@@ -42,25 +42,21 @@ namespace {
 // activation row's two vectors; zmm25 the 0xbfff word mask; zmm26 flush scratch; zmm28/29 the
 // unsigned and signed byte maxima of the weights read (NaN codes); zmm30 their bytes.
 // %[k] runs from -K to 0 over the weight bytes; every pointer is the end of its row.
-#define H8_CONV(W, D)              \
-  "vpmovsxbw " W ", %%zmm" D       \
-  "\n\t"                           \
-  "vpsllw $7, %%zmm" D ", %%zmm" D \
-  "\n\t"                           \
+// clang-format off
+#define H8_CONV(W, D)                         \
+  "vpmovsxbw " W ", %%zmm" D "\n\t"           \
+  "vpsllw $7, %%zmm" D ", %%zmm" D "\n\t"     \
   "vpandd %%zmm25, %%zmm" D ", %%zmm" D "\n\t"
-#define H8_NAN(W)                         \
-  "vmovdqu8 " W                           \
-  ", %%zmm30\n\t"                         \
-  "vpmaxub %%zmm30, %%zmm28, %%zmm28\n\t" \
+#define H8_NAN(W)                             \
+  "vmovdqu8 " W ", %%zmm30\n\t"               \
+  "vpmaxub %%zmm30, %%zmm28, %%zmm28\n\t"     \
   "vpmaxsb %%zmm30, %%zmm29, %%zmm29\n\t"
-#define H8_DOT(OP, H, XP, ACC0, ACC1)                                                             \
-  "vmovdqu16 2*" H "(%[" XP                                                                       \
-  "],%[k],2), %%zmm20\n\t"                                                                        \
-  "vmovdqu16 2*" H "+64(%[" XP "],%[k],2), %%zmm21\n\t" OP " %%zmm20, %%zmm16, %%" ACC0 "\n\t" OP \
-  " %%zmm20, %%zmm18, %%" ACC1                                                                    \
-  "\n\t"                                                                                          \
-  "vfmadd231ph %%zmm21, %%zmm17, %%" ACC0                                                         \
-  "\n\t"                                                                                          \
+#define H8_DOT(OP, H, XP, ACC0, ACC1)                       \
+  "vmovdqu16 2*" H "(%[" XP "],%[k],2), %%zmm20\n\t"        \
+  "vmovdqu16 2*" H "+64(%[" XP "],%[k],2), %%zmm21\n\t"     \
+  OP " %%zmm20, %%zmm16, %%" ACC0 "\n\t"                    \
+  OP " %%zmm20, %%zmm18, %%" ACC1 "\n\t"                    \
+  "vfmadd231ph %%zmm21, %%zmm17, %%" ACC0 "\n\t"            \
   "vfmadd231ph %%zmm21, %%zmm19, %%" ACC1 "\n\t"
 #define H8_DOTS1(OP, H) H8_DOT(OP, H, "x0", "zmm0", "zmm4")
 #define H8_DOTS2(OP, H) H8_DOTS1(OP, H) H8_DOT(OP, H, "x1", "zmm1", "zmm5")
@@ -70,23 +66,20 @@ namespace {
 // L1 and two lines of the far rows into L2 (as the bf16 pair kernel does per 128 columns), track
 // the NaN codes, convert rows 0 and 1, then each activation row's products (OP: vmulph where the
 // sums start, vfmadd231ph after).
-#define H8_HALF(OP, H, M)                                                                                \
-  "prefetcht0 " H                                                                                        \
-  "(%[p0],%[k])\n\t"                                                                                     \
-  "prefetcht0 " H                                                                                        \
-  "(%[p1],%[k])\n\t"                                                                                     \
-  "prefetcht1 2*" H                                                                                      \
-  "(%[f0],%[k],2)\n\t"                                                                                   \
-  "prefetcht1 2*" H "+64(%[f0],%[k],2)\n\t" H8_NAN(H "(%[w0],%[k])") H8_NAN(H "(%[w1],%[k])")            \
-      H8_CONV(H "(%[w0],%[k])", "16") H8_CONV(H "+32(%[w0],%[k])", "17") H8_CONV(H "(%[w1],%[k])", "18") \
-          H8_CONV(H "+32(%[w1],%[k])", "19") H8_DOTS##M(OP, H)
+#define H8_HALF(OP, H, M)                                               \
+  "prefetcht0 " H "(%[p0],%[k])\n\t"                                    \
+  "prefetcht0 " H "(%[p1],%[k])\n\t"                                    \
+  "prefetcht1 2*" H "(%[f0],%[k],2)\n\t"                                \
+  "prefetcht1 2*" H "+64(%[f0],%[k],2)\n\t"                             \
+  H8_NAN(H "(%[w0],%[k])") H8_NAN(H "(%[w1],%[k])")                     \
+  H8_CONV(H "(%[w0],%[k])", "16") H8_CONV(H "+32(%[w0],%[k])", "17")    \
+  H8_CONV(H "(%[w1],%[k])", "18") H8_CONV(H "+32(%[w1],%[k])", "19")    \
+  H8_DOTS##M(OP, H)
 // The fp16 sums (32 lanes) into the fp32 totals: upper half added to the lower, converted, added.
-#define H8_FLUSH(A, T)              \
-  "vextractf64x4 $1, %%zmm" A       \
-  ", %%ymm26\n\t"                   \
-  "vaddph %%ymm" A                  \
-  ", %%ymm26, %%ymm26\n\t"          \
-  "vcvtph2psx %%ymm26, %%zmm26\n\t" \
+#define H8_FLUSH(A, T)                                  \
+  "vextractf64x4 $1, %%zmm" A ", %%ymm26\n\t"            \
+  "vaddph %%ymm" A ", %%ymm26, %%ymm26\n\t"              \
+  "vcvtph2psx %%ymm26, %%zmm26\n\t"                      \
   "vaddps %%zmm26, %%zmm" T ", %%zmm" T "\n\t"
 #define H8_FLUSH1 H8_FLUSH("0", "8") H8_FLUSH("4", "12")
 #define H8_FLUSH2 H8_FLUSH1 H8_FLUSH("1", "9") H8_FLUSH("5", "13")
@@ -95,8 +88,8 @@ namespace {
 #define H8_ZERO(R) "vpxord %%zmm" R ", %%zmm" R ", %%zmm" R "\n\t"
 #define H8_STORE(R, OFF) "vmovaps %%zmm" R ", " OFF "(%[tot])\n\t"
 // Two 128-column blocks per iteration, summed per lane in fp16 and flushed once; an odd block count
-// runs the first block alone.
-#define H8_LOOP(M) \
+// runs the first block alone. The NaN-code maxima come from and go back to the output buffer.
+#define H8_LOOP(M)                                                                         \
   "vpbroadcastw %[mask], %%zmm25\n\t"                                                      \
   "vmovdqu8 512(%[tot]), %%zmm28\n\t"                                                      \
   "vmovdqu8 576(%[tot]), %%zmm29\n\t"                                                      \
@@ -118,10 +111,11 @@ namespace {
   "vmovdqu8 %%zmm28, 512(%[tot])\n\t"                                                      \
   "vmovdqu8 %%zmm29, 576(%[tot])\n\t"
 
-#define H8_CLOBBERS                                                                                          \
-  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
-      "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm25", "xmm26",     \
-      "xmm28", "xmm29", "xmm30", "cc", "memory"
+#define H8_CLOBBERS                                                                                  \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",   \
+      "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",       \
+      "xmm25", "xmm26", "xmm28", "xmm29", "xmm30", "cc", "memory"
+// clang-format on
 
 // Output of the pair kernel: per-lane fp32 totals [weight row][activation row][16] (zero for rows
 // beyond m), then the byte maxima of the weights read (unsigned, signed), which the kernel updates
