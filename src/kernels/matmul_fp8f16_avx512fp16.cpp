@@ -62,15 +62,17 @@ namespace {
 #define H8_DOTS2(OP, H) H8_DOTS1(OP, H) H8_DOT(OP, H, "x1", "zmm1", "zmm5")
 #define H8_DOTS3(OP, H) H8_DOTS2(OP, H) H8_DOT(OP, H, "x2", "zmm2", "zmm6")
 #define H8_DOTS4(OP, H) H8_DOTS3(OP, H) H8_DOT(OP, H, "x3", "zmm3", "zmm7")
-// 64 columns at byte offset H from %[k] (the activations at 2H): prefetch the next rows' line into
-// L1 and two lines of the far rows into L2 (as the bf16 pair kernel does per 128 columns), track
-// the NaN codes, convert rows 0 and 1, then each activation row's products (OP: vmulph where the
-// sums start, vfmadd231ph after).
+// 64 columns at byte offset H from %[k] (the activations at 2H): request the same columns of the
+// next two rows into L1 and of the two far rows into L2, track the NaN codes, convert rows 0 and
+// 1, then each activation row's products (OP: vmulph where the sums start, vfmadd231ph after).
+// The far rows at the same columns, as the m = 1 kernel requests its own, read 1.05-1.15x faster
+// from memory than walking them one after the other (docs/PERFORMANCE.md, "FP16 products for fp8
+// weights at 2-4 rows").
 #define H8_HALF(OP, H, M)                                               \
   "prefetcht0 " H "(%[p0],%[k])\n\t"                                    \
   "prefetcht0 " H "(%[p1],%[k])\n\t"                                    \
-  "prefetcht1 2*" H "(%[f0],%[k],2)\n\t"                                \
-  "prefetcht1 2*" H "+64(%[f0],%[k],2)\n\t"                             \
+  "prefetcht1 " H "(%[f0],%[k])\n\t"                                    \
+  "prefetcht1 " H "(%[f1],%[k])\n\t"                                    \
   H8_NAN(H "(%[w0],%[k])") H8_NAN(H "(%[w1],%[k])")                     \
   H8_CONV(H "(%[w0],%[k])", "16") H8_CONV(H "+32(%[w0],%[k])", "17")    \
   H8_CONV(H "(%[w1],%[k])", "18") H8_CONV(H "+32(%[w1],%[k])", "19")    \
@@ -127,13 +129,14 @@ struct alignas(64) PairOut {
 };
 
 // Weight rows w0 and w0 + K against m (1..4) fp16 activation rows x + i * xs that already carry
-// the block scales; K % 128 == 0. pf, pf + K: rows to prefetch into L1 at the same columns; far,
-// far + K: two rows to request into L2, 256 contiguous bytes per block.
+// the block scales; K % 128 == 0. pf, pf + K: rows to request into L1 and far, far + K: rows to
+// request into L2, both at the columns being read.
 void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs, const uint8_t* pf,
                  const uint8_t* far, PairOut& out) {
   int64_t k = -K;
   const int64_t odd = (K / 128) % 2;
-  const uint8_t* f0e = far + 2 * K;
+  const uint8_t* f0e = far + K;
+  const uint8_t* f1e = far + 2 * K;
   const uint8_t* w0e = w0 + K;
   const uint8_t* w1e = w0 + 2 * K;
   const uint8_t* p0e = pf + K;
@@ -148,7 +151,8 @@ void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t
   asm volatile(H8_LOOP(M)                                                                                    \
                : [k] "+r"(k)                                                                                 \
                : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),     \
-                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [mask] "r"(mask), [f0] "r"(f0e), [odd] "r"(odd) \
+                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [mask] "r"(mask), [f0] "r"(f0e), [f1] "r"(f1e), \
+                 [odd] "r"(odd)                                                                              \
                : H8_CLOBBERS)
   switch (m) {
     case 1:
@@ -230,9 +234,10 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
   const int64_t re = r0 + (r1 - r0) / 2 * 2;  // whole pairs; the caller takes a last odd row
   thread_local ScaledRows sr;
   if (static_cast<int64_t>(sr.x.size()) < m * K) sr.x.resize(static_cast<size_t>(m * K));
-  // the next rows but one into L1 and the rows kFar ahead into L2, both while this pair is read
-  // (2 / 4 / 6 rows ahead into L1 and 8 / 16 / 24 into L2 read alike from memory at m = 2-4)
-  constexpr int64_t kAhead = 4, kFar = 8;
+  // the next pair into L1 and the rows kFar ahead into L2, both while this pair is read
+  // (from memory, m = 2-4: 2 and 8 rows ahead read like 4 / 8, 4 / 12, 4 / 16 and 2 / 16, except m =
+  // 4 on [1408 x 2048], 0.71 against 0.64; 6 / 12 was slower)
+  constexpr int64_t kAhead = 2, kFar = 8;
   prefetch_range_l1(fp8_row_ptr(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
   PairOut out;
   alignas(16) float sums[128][4];  // a group's results, [weight row - g0][activation row]
