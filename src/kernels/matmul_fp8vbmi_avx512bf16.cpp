@@ -73,10 +73,10 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 #define F8_ZERO8(A, B, C, D, E, F, G, H) \
   F8_ZERO(A) F8_ZERO(B) F8_ZERO(C) F8_ZERO(D) F8_ZERO(E) F8_ZERO(F) F8_ZERO(G) F8_ZERO(H)
 #define F8_STORE(R, OFF) "vmovaps %%" R ", " OFF "(%[tot])\n\t"
-// One 128-column block per iteration: prefetch the next rows' two lines each into L1 and four lines
-// of the far rows into L2, convert and dot each 64-column half, then add the block's sums times its
+// One 128-column block per iteration: prefetch the same two lines of the next rows into L1 and of
+// the far rows into L2, convert and dot each 64-column half, then add the block's sums times its
 // scale to the totals.
-#define F8_PAIR_LOOP(DP, FMA) \
+#define F8_PAIR_LOOP(DP, FMA)                                                          \
   "vmovdqa64 0(%[tab]), %%zmm28\n\t"                                                  \
   "vmovdqa64 64(%[tab]), %%zmm29\n\t"                                                 \
   "vmovdqa64 128(%[tab]), %%zmm30\n\t"                                                \
