@@ -165,6 +165,14 @@ void set_fp8_f16_override(int override) {
   g_f16_override.store(override);
 }
 
+bool fp8_f16_applies(DType dtype, SimdLevel level, int64_t k) {
+  return dtype == DType::kF8E4M3 && k % 128 == 0 && fp8_use_f16(level);
+}
+
+bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
+  return m >= 2 && m <= kFp8F16MaxM && fp8_f16_applies(dtype, level, k);
+}
+
 namespace {
 
 int64_t padded(int64_t k) {
@@ -337,8 +345,7 @@ bool act_enable_f16(ActView& a) {
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
   if (level < SimdLevel::kAvx512Bf16 || m < amx_min_m(dtype) || k % 64 != 0 || !amx_bf16_usable())
     return false;
-  // the fp16 kernel takes fp8 at up to kFp8F16MaxM rows
-  if (dtype == DType::kF8E4M3 && m <= kFp8F16MaxM && k % 128 == 0 && fp8_use_f16(level)) return false;
+  if (fp8_f16_wanted(dtype, level, m, k)) return false;  // the fp16 kernel takes these rows
   return dtype == DType::kBF16 || (dtype == DType::kF8E4M3 && fp8_use_vbmi(level));
 }
 
@@ -367,8 +374,10 @@ ActView prepare_activations(DType dtype, SimdLevel level, const float* x, int64_
   }
   const bool perm = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && fp8_use_vbmi(level);
   ActView a = layout_activations(kind, perm, m, k, scratch);
-  const bool f16 = kind == ActKind::kBF16 && dtype == DType::kF8E4M3 && k % 128 == 0 && fp8_use_f16(level) &&
-                   (build_f16 < 0 ? m >= 2 && m <= kFp8F16MaxM : build_f16 != 0) && act_enable_f16(a);
+  const bool f16 = kind == ActKind::kBF16 &&
+                   (build_f16 < 0 ? fp8_f16_wanted(dtype, level, m, k)
+                                  : build_f16 != 0 && fp8_f16_applies(dtype, level, k)) &&
+                   act_enable_f16(a);
   // rows are independent: split them over the pool when there is enough work
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));
   pool.parallel_for(m, grain, [&](int64_t i0, int64_t i1, int) {

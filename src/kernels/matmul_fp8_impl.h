@@ -43,10 +43,6 @@ struct Fp8TableConv {
   }
 };
 
-inline const uint8_t* fp8_row(const WeightView& w, int64_t r) {
-  return static_cast<const uint8_t*>(w.data) + r * w.cols;
-}
-
 // Up to R rows from r (those below r1) to prefetch at the columns being read; none when r >= r1.
 struct AheadRows {
   const uint8_t* p = nullptr;

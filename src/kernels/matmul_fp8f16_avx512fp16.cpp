@@ -135,24 +135,15 @@ void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t
                  const uint8_t* far, PairOut& out) {
   int64_t k = -K;
   const int64_t odd = (K / 128) % 2;
-  const uint8_t* f0e = far + K;
-  const uint8_t* f1e = far + 2 * K;
-  const uint8_t* w0e = w0 + K;
-  const uint8_t* w1e = w0 + 2 * K;
-  const uint8_t* p0e = pf + K;
-  const uint8_t* p1e = pf + 2 * K;
-  const uint16_t* x0 = x + K;  // rows beyond m point at row 0 (never read)
-  const uint16_t* x1 = m > 1 ? x0 + xs : x0;
-  const uint16_t* x2 = m > 2 ? x0 + 2 * xs : x0;
-  const uint16_t* x3 = m > 3 ? x0 + 3 * xs : x0;
+  const Fp8PairEnds e(m, w0, K, x, xs, pf, far);
   float* tot = &out.tot[0][0][0];
   const uint32_t mask = 0xbfff;
-#define H8_ASM(M)                                                                                            \
-  asm volatile(H8_LOOP(M)                                                                                    \
-               : [k] "+r"(k)                                                                                 \
-               : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1),     \
-                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [mask] "r"(mask), [f0] "r"(f0e), [f1] "r"(f1e), \
-                 [odd] "r"(odd)                                                                              \
+#define H8_ASM(M)                                                                                  \
+  asm volatile(H8_LOOP(M)                                                                          \
+               : [k] "+r"(k)                                                                       \
+               : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0),   \
+                 [x1] "r"(e.x1), [x2] "r"(e.x2), [x3] "r"(e.x3), [tot] "r"(tot), [mask] "r"(mask), \
+                 [f0] "r"(e.f0), [f1] "r"(e.f1), [odd] "r"(odd)                                    \
                : H8_CLOBBERS)
   switch (m) {
     case 1:
@@ -169,10 +160,6 @@ void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t
       return;
   }
 #undef H8_ASM
-}
-
-inline const uint8_t* fp8_row_ptr(const WeightView& w, int64_t r) {
-  return static_cast<const uint8_t*>(w.data) + r * w.cols;
 }
 
 // Whether the bytes the kernel read since the maxima were cleared held an e4m3 NaN code (0x7f or
@@ -238,7 +225,7 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
   // (from memory, m = 2-4: 2 and 8 rows ahead read like 4 / 8, 4 / 12, 4 / 16 and 2 / 16, except m =
   // 4 on [1408 x 2048], 0.71 against 0.64; 6 / 12 was slower)
   constexpr int64_t kAhead = 2, kFar = 8;
-  prefetch_range_l1(fp8_row_ptr(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
+  prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
   PairOut out;
   alignas(16) float sums[128][4];  // a group's results, [weight row - g0][activation row]
   for (int64_t g0 = r0; g0 < re; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
@@ -250,9 +237,9 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
     std::memset(out.max_u, 0, sizeof(out.max_u));
     std::memset(out.max_s, 0, sizeof(out.max_s));
     for (int64_t r = g0; r < g1; r += 2) {
-      const uint8_t* self = fp8_row_ptr(w, r);
-      const uint8_t* pf = r + kAhead + 2 <= re ? fp8_row_ptr(w, r + kAhead) : self;
-      const uint8_t* far = r + kFar + 2 <= re ? fp8_row_ptr(w, r + kFar) : self;
+      const uint8_t* self = fp8_row(w, r);
+      const uint8_t* pf = r + kAhead + 2 <= re ? fp8_row(w, r + kAhead) : self;
+      const uint8_t* far = r + kFar + 2 <= re ? fp8_row(w, r + kFar) : self;
       pair_kernel(mi, self, K, sr.x.data(), K, pf, far, out);
       const auto t = [&](int row, int i) { return _mm512_load_ps(out.tot[row][i]); };
       _mm_store_ps(sums[r - g0], hsum4(t(0, 0), t(0, 1), t(0, 2), t(0, 3)));
@@ -278,18 +265,10 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
 // 128-column block's fp16 lane sums stay below 8 * 2^10 * 1.75.
 void act_to_f16_rows_avx512fp16(const float* x, int64_t x_stride, int64_t k, int64_t stride, uint16_t* out,
                                 float* unscale, int64_t i0, int64_t i1) {
-  const __m512i round_bias = _mm512_set1_epi32(0x7fff);
-  auto load_bf16 = [&](const float* xi, int64_t c) {  // 16 values, bf16-rounded (RNE), zero past k
-    const __m512 v = c < k ? _mm512_maskz_loadu_ps(
-                                 static_cast<__mmask16>(k - c >= 16 ? 0xffff : (1u << (k - c)) - 1), xi + c)
-                           : _mm512_setzero_ps();
-    const __m512i b = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(round_bias, odd));
-    const __m512i rounded = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-    // NaN: keep it NaN (quiet) rather than rounding its payload into inf
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    return _mm512_mask_mov_ps(_mm512_castsi512_ps(rounded), nan, v);
+  auto load_bf16 = [&](const float* xi, int64_t c) {  // 16 values rounded as every path does, 0 past k
+    const __mmask16 lanes = static_cast<__mmask16>(k - c >= 16 ? 0xffff : (1u << (k - c)) - 1);
+    const __m512 v = c < k ? _mm512_maskz_loadu_ps(lanes, xi + c) : _mm512_setzero_ps();
+    return bf16_to_f32x16(f32_to_bf16_rne(v));
   };
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
   for (int64_t i = i0; i < i1; ++i) {

@@ -112,26 +112,16 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
                               const float* scale, const uint8_t* pf, const uint8_t* far, float* tot) {
   int64_t k = -K;
-  const uint8_t* f0e = far + K;
-  const uint8_t* f1e = far + 2 * K;
-  const uint8_t* w0e = w0 + K;
-  const uint8_t* w1e = w0 + 2 * K;
-  const uint8_t* p0e = pf + K;
-  const uint8_t* p1e = pf + 2 * K;
-  // bf16 rows are indexed by 2 * k bytes; rows beyond m point at row 0 (never read)
-  const uint16_t* x0 = x + K;
-  const uint16_t* x1 = m > 1 ? x0 + xs : x0;
-  const uint16_t* x2 = m > 2 ? x0 + 2 * xs : x0;
-  const uint16_t* x3 = m > 3 ? x0 + 3 * xs : x0;
+  const Fp8PairEnds e(m, w0, K, x, xs, pf, far);  // bf16 rows are indexed by 2 * k bytes
   const float* s = scale;
   const uint8_t* tab = kByteTables.lo;  // lo[128] then hi[128]
   const uint32_t sign = 0x80808080u;
-#define F8_PAIR_ASM(DP, FMA)                                                                             \
-  asm volatile(F8_PAIR_LOOP(DP, FMA)                                                                     \
-               : [k] "+r"(k), [s] "+r"(s)                                                                \
-               : [w0] "r"(w0e), [w1] "r"(w1e), [p0] "r"(p0e), [p1] "r"(p1e), [x0] "r"(x0), [x1] "r"(x1), \
-                 [x2] "r"(x2), [x3] "r"(x3), [tot] "r"(tot), [tab] "r"(tab), [sign] "m"(sign),           \
-                 [f0] "r"(f0e), [f1] "r"(f1e)                                                            \
+#define F8_PAIR_ASM(DP, FMA)                                                                     \
+  asm volatile(F8_PAIR_LOOP(DP, FMA)                                                             \
+               : [k] "+r"(k), [s] "+r"(s)                                                        \
+               : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), \
+                 [x1] "r"(e.x1), [x2] "r"(e.x2), [x3] "r"(e.x3), [tot] "r"(tot), [tab] "r"(tab), \
+                 [sign] "m"(sign), [f0] "r"(e.f0), [f1] "r"(e.f1)                                \
                : F8_CLOBBERS)
   switch (m) {
     case 1:

@@ -117,7 +117,11 @@ void copy_act_row(const ActView& src, int64_t src_row, const ActView& dst, int64
 // Marks a laid-out view's fp16 rows as present (its f16_space filled by copies); false when it has
 // no room for them.
 bool act_enable_f16(ActView& a);
-// Whether matmuls of fp8 weights over x take the fp16 kernel (x has fp16 rows, m in its range,
+// Whether weights of a dtype with k columns can take the fp16 kernel at a level (fp8, whole
+// 128-column blocks, fp8_use_f16), and whether they do for m activation rows (m in its range).
+bool fp8_f16_applies(DType dtype, SimdLevel level, int64_t k);
+bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
+// Whether a call over the prepared x takes the fp16 kernel (x has fp16 rows, m in its range,
 // whole 128-column blocks).
 inline bool fp8_f16_rows_ok(const WeightView& w, const ActView& x) {
   return x.f16 != nullptr && x.m >= 2 && x.m <= kFp8F16MaxM && w.cols % 128 == 0;
@@ -220,10 +224,33 @@ void act_quant_q8_rows_avx512(const float* x, int64_t x_stride, int64_t k, int64
 void act_quant_q8_rows_avx2(const float* x, int64_t x_stride, int64_t k, int64_t stride, int8_t* q, float* d,
                             int32_t* corr_block, int32_t* corr_lane, int64_t i0, int64_t i1);
 
-// FP8 helpers shared by the paths: scale of weight element (r, c).
+// FP8 helpers shared by the paths: row r's bytes, and the scale row of weight row r.
+inline const uint8_t* fp8_row(const WeightView& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * w.cols;
+}
 inline const float* fp8_scale_row(const WeightView& w, int64_t r) {
   const int64_t scale_cols = (w.cols + 127) / 128;
   return w.scale_inv + (r / 128) * scale_cols;
 }
+
+// The row ends the fp8 pair kernels' assembly indexes with %[k] running from -K to 0: weight rows
+// w and w + K, the rows pf, pf + K requested into L1 and far, far + K into L2, and m (1..4)
+// activation rows x + i * xs (2-byte elements; rows beyond m point at row 0 and are never read).
+struct Fp8PairEnds {
+  const uint8_t *w0, *w1, *p0, *p1, *f0, *f1;
+  const uint16_t *x0, *x1, *x2, *x3;
+  Fp8PairEnds(int m, const uint8_t* w, int64_t K, const uint16_t* x, int64_t xs, const uint8_t* pf,
+              const uint8_t* far)
+      : w0(w + K),
+        w1(w + 2 * K),
+        p0(pf + K),
+        p1(pf + 2 * K),
+        f0(far + K),
+        f1(far + 2 * K),
+        x0(x + K),
+        x1(m > 1 ? x0 + xs : x0),
+        x2(m > 2 ? x0 + 2 * xs : x0),
+        x3(m > 3 ? x0 + 3 * xs : x0) {}
+};
 
 }  // namespace fathom::matmul_internal

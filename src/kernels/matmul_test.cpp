@@ -38,8 +38,7 @@ constexpr double kRelTol = 2e-5;
 // lost block, a wrong scale or a misplaced column is off by far more.
 constexpr double kF16RelTol = 2.0 / 2048;
 bool takes_f16(const WeightView& w, int64_t m) {
-  return w.dtype == DType::kF8E4M3 && matmul_internal::fp8_use_f16(simd_level()) && m >= 2 &&
-         m <= matmul_internal::kFp8F16MaxM && w.cols % 128 == 0;
+  return matmul_internal::fp8_f16_wanted(w.dtype, simd_level(), m, w.cols);
 }
 
 struct Case {
