@@ -88,6 +88,38 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   }
 }
 
+TEST(ThreadPool, RunFromBothEndsRunsEveryTaskExactlyOnce) {
+  for (int threads : {1, 2, 3, 4}) {
+    auto pool = ThreadPool::create(threads);
+    for (int round = 0; round < 100; ++round) {
+      const int n = round * 11 % 89;  // 0 included
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool->run_from_both_ends(n, [&](int64_t t, int thread) {
+        EXPECT_GE(thread, 0);
+        EXPECT_LT(thread, threads);
+        hits[static_cast<size_t>(t)].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << threads << " threads, " << n << " tasks";
+    }
+  }
+}
+
+// With two threads, one claims from each end: the first task the back's runner takes is the last
+// one, while the front's runner is still on task 0 (it waits there until the back has started).
+TEST(ThreadPool, RunFromBothEndsStartsAtBothEnds) {
+  auto pool = ThreadPool::create(2);
+  std::atomic<bool> back_started{false};
+  std::atomic<int64_t> first_other{-1};
+  pool->run_from_both_ends(10, [&](int64_t t, int) {
+    if (t == 0) {
+      while (!back_started.load()) std::this_thread::yield();
+    } else if (!back_started.exchange(true)) {
+      first_other.store(t);
+    }
+  });
+  EXPECT_EQ(first_other.load(), 9);
+}
+
 // A worker that saw job g but reads its function and size only once run() has published job
 // g+1's must not claim a task of g+1 under g's tag: the task would run twice and count twice, and
 // run() could return while a task of its job still runs. The test hook widens both sides of that

@@ -32,6 +32,13 @@ class ThreadPool {
 
   void run(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn);
 
+  // As run(), with the tasks claimed from both ends of [0, n): half of the threads take them in
+  // ascending order from 0, the other half in descending order from n - 1, until the two meet. A
+  // caller that orders its tasks by the resource they are bound by (say compute-bound first,
+  // memory-bound last) keeps the two kinds running side by side instead of the same kind on every
+  // thread at once. Each task still runs exactly once.
+  void run_from_both_ends(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn);
+
   // Calls fn(begin, end, thread) over chunks of [0, n); chunks hold at least `grain` items and
   // there are at most about 4 per thread so uneven tasks still balance.
   void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t begin, int64_t end, int thread)> fn);
