@@ -94,9 +94,9 @@ class MoeWorkspace {
 Status validate_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> experts);
 
 // y[t, :] (=|+=) sum_j weights[t, j] * down_e( silu(gate_e x_t) * up_e x_t ),  e = ids[t, j].
-// Shared experts run through the same call as one expert (inter = n_shared * moe_inter, ids all 0,
-// weights all 1, top_k 1). Activations for each matrix follow matmul's precision for its dtype;
-// h = silu(gate) * up is formed in fp32.
+// Shared experts can run through the same call as one expert (inter = n_shared * moe_inter, ids all
+// 0, weights all 1, top_k 1); the model runs them as a matmul SwiGLU after it. Activations for each
+// matrix follow matmul's precision for its dtype; h = silu(gate) * up is formed in fp32.
 // x, y: [n_tokens, hidden] fp32; ids, weights: [n_tokens, top_k]; ids < 0 skip the slot.
 // n_tokens <= ws.max_tokens(). Each expert's matrices are read once per call; each token's
 // expert outputs are added in ascending expert id, so results do not depend on the thread count.
