@@ -9,6 +9,9 @@
 // --ceiling adds, per shape, a single-thread run on a cache-resident slice of the weight timed in
 // thread CPU time, next to the peak loop timed the same way: what the kernel sustains when memory
 // is not the limit, robust to other load on the machine (wall-clock figures are not).
+//
+// --ab alternates ab::variant() 0 and 1 batch by batch (base/ab.h: a guarded candidate change) and
+// reports each variant's GB/s from its own batches, for the memory run and the ceiling run.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "base/ab.h"
 #include "base/check.h"
 #include "base/rng.h"
 #include "base/strings.h"
@@ -38,6 +42,7 @@ struct GemmOptions {
   double seconds = 0.5;
   std::string rotate = "1G";
   bool ceiling = false;
+  bool ab = false;
   bool json = false;
 };
 
@@ -114,15 +119,22 @@ double thread_cpu_s() {
 
 // Best batch (each ~1/20 of the budget) of seconds per call, cycling through the weight copies.
 // `cpu` times the calling thread's CPU time instead of the wall clock (single-thread pools only).
+// With `ab` (two entries) the measured batches alternate ab::variant() 0 and 1, and ab[v] gets
+// variant v's mean seconds per call over its batches (at least one batch of each).
 double time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, double budget_s,
-                  ThreadPool& pool, bool cpu) {
+                  ThreadPool& pool, bool cpu, double* ab = nullptr) {
   const size_t copies = w.views.size();
-  matmul(w.views[0], x, m, y, pool);  // warm-up: scratch, page faults
+  for (int v = 0; v < (ab != nullptr ? 2 : 1); ++v) {  // warm-up: scratch, page faults
+    if (ab != nullptr) ab::set_variant(v);
+    matmul(w.views[0], x, m, y, pool);
+  }
   auto now = [cpu] { return cpu ? thread_cpu_s() : static_cast<double>(now_ns()) * 1e-9; };
-  double best = 1e30;
-  int64_t batch = 1, done = 0;
+  double best = 1e30, spent[2] = {0, 0};
+  int64_t batch = 1, done = 0, calls[2] = {0, 0}, measured = 0;
   const double start = now();
-  while (now() - start < budget_s || done == 0) {
+  while (now() - start < budget_s || done == 0 || (ab != nullptr && measured < 2)) {
+    const int v = ab != nullptr ? static_cast<int>(measured % 2) : 0;
+    if (ab != nullptr) ab::set_variant(v);
     const double t0 = now();
     for (int64_t i = 0; i < batch; ++i) matmul(w.views[static_cast<size_t>(i) % copies], x, m, y, pool);
     const double s = now() - t0;
@@ -132,6 +144,13 @@ double time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, dou
     }
     best = std::min(best, s / static_cast<double>(batch));
     done += batch;
+    spent[v] += s;
+    calls[v] += batch;
+    ++measured;
+  }
+  if (ab != nullptr) {
+    ab::set_variant(0);
+    for (int v = 0; v < 2; ++v) ab[v] = spent[v] / static_cast<double>(calls[v]);
   }
   return best;
 }
@@ -174,10 +193,10 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
   const int copies = static_cast<int>(std::clamp<uint64_t>((rotate + b1 - 1) / b1, 1, 1 << 20));
   std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
   for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
-  double sec = 0;
+  double sec = 0, ab[2] = {0, 0}, ab_ceiling[2] = {0, 0};
   {
     const BenchWeight w = make_weight(dtype, s.n, s.k, copies, seed);
-    sec = time_calls(w, x.data(), s.m, y.data(), o.seconds, pool, false);
+    sec = time_calls(w, x.data(), s.m, y.data(), o.seconds, pool, false, o.ab ? ab : nullptr);
   }
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   const double gbs = static_cast<double>(bytes) / sec * 1e-9, gflops = flops / sec * 1e-9;
@@ -194,6 +213,10 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
                       {"gflops", gflops},
                       {"bandwidth_fraction", gbs / lim.bw.read_gbs},
                       {"peak_fraction", lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0}};
+  if (o.ab) {
+    const double b = static_cast<double>(bytes) * 1e-9;
+    r["ab"] = {{"variant0_gbs", b / ab[0]}, {"variant1_gbs", b / ab[1]}, {"ratio", ab[0] / ab[1]}};
+  }
   double c_gbs = 0, c_frac = 0;
   if (o.ceiling) {
     // small m: a ~256 KiB slice (at least one 64-row panel) so only the kernel's own speed counts;
@@ -203,8 +226,15 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
     const int64_t slice = static_cast<int64_t>((uint64_t{256} << 10) / std::max<uint64_t>(row_bytes, 1));
     const int64_t n = s.m <= 16 ? std::clamp<int64_t>(slice, 64, s.n) : s.n;
     const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000);
-    const double cs = time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true);
+    const double cs =
+        time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true, o.ab ? ab_ceiling : nullptr);
     c_gbs = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) / cs * 1e-9;
+    if (o.ab) {
+      const double cb = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) * 1e-9;
+      r["ab_ceiling"] = {{"variant0_gbs", cb / ab_ceiling[0]},
+                         {"variant1_gbs", cb / ab_ceiling[1]},
+                         {"ratio", ab_ceiling[0] / ab_ceiling[1]}};
+    }
     const double c_gflops = 2.0 * static_cast<double>(s.m * n * s.k) / cs * 1e-9;
     c_frac = lim.cpu_peak_ops > 0 ? c_gflops / lim.cpu_peak_ops : 0;
     r["ceiling_gbs_per_thread"] = c_gbs;
@@ -217,6 +247,12 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
                 static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, gbs, gflops,
                 gbs / lim.bw.read_gbs, lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0);
     if (o.ceiling) std::printf(" %8.1f %7.3f", c_gbs, c_frac);
+    if (o.ab) {
+      const double b = static_cast<double>(bytes) * 1e-9;
+      std::printf("   A/B: variant 0 %.2f GB/s, 1 %.2f GB/s, 1 over 0 = %.4f", b / ab[0], b / ab[1],
+                  ab[0] / ab[1]);
+      if (o.ceiling) std::printf("; ceiling 1 over 0 = %.4f", ab_ceiling[0] / ab_ceiling[1]);
+    }
     std::printf("\n");
     std::fflush(stdout);
   }
@@ -249,6 +285,9 @@ int run_gemm(int argc, char** argv) {
   args.option("--rotate", &o.rotate, "total bytes of weight copies cycled through (defeats the caches)",
               "SIZE");
   args.flag("--ceiling", &o.ceiling, "also measure one thread on a cache-resident slice in CPU time");
+  args.flag("--ab", &o.ab,
+            "alternate ab::variant() 0 and 1 batch by batch and report each one's GB/s (for measuring a "
+            "guarded code change in one process)");
   args.flag("--json", &o.json, "print one JSON object");
   auto parsed = args.parse(argc, argv);
   if (!parsed.ok()) return fail(args.command(), parsed.status());
