@@ -168,8 +168,12 @@ void make_tasks(MoeWorkspace::Impl& s, int64_t n_experts, int64_t rows, DType dt
   const auto tokens = [&](const MoeWorkspace::Impl::Task& t) {
     return s.offsets[static_cast<size_t>(t.expert + 1)] - s.offsets[static_cast<size_t>(t.expert)];
   };
-  std::stable_sort(s.tasks.begin(), s.tasks.end(),
-                   [&](const auto& a, const auto& b) { return tokens(a) > tokens(b); });
+  // a total order (then expert id, then rows), so std::sort (which allocates nothing, unlike
+  // std::stable_sort) gives one order every time
+  std::sort(s.tasks.begin(), s.tasks.end(), [&](const auto& a, const auto& b) {
+    const int32_t ta = tokens(a), tb = tokens(b);
+    return ta != tb ? ta > tb : a.expert != b.expert ? a.expert < b.expert : a.r0 < b.r0;
+  });
 }
 
 DType first_dtype(std::span<const ExpertWeights> experts, bool down) {
