@@ -155,6 +155,11 @@ double time_calls(const BenchWeight& w, const float* x, int64_t m, float* y, dou
   return best;
 }
 
+// --ab's record: each variant's GB/s for `gb` GB per call at t[v] seconds per call, and 1 over 0.
+nlohmann::json ab_record(double gb, const double* t) {
+  return {{"variant0_gbs", gb / t[0]}, {"variant1_gbs", gb / t[1]}, {"ratio", t[0] / t[1]}};
+}
+
 // The per-thread peak of an arithmetic in GOP per CPU-second (median of 5 short runs).
 double cpu_peak(const std::string& arith) {
   double (*loop)(uint64_t) = nullptr;
@@ -213,10 +218,7 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
                       {"gflops", gflops},
                       {"bandwidth_fraction", gbs / lim.bw.read_gbs},
                       {"peak_fraction", lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0}};
-  if (o.ab) {
-    const double b = static_cast<double>(bytes) * 1e-9;
-    r["ab"] = {{"variant0_gbs", b / ab[0]}, {"variant1_gbs", b / ab[1]}, {"ratio", ab[0] / ab[1]}};
-  }
+  if (o.ab) r["ab"] = ab_record(static_cast<double>(bytes) * 1e-9, ab);
   double c_gbs = 0, c_frac = 0;
   if (o.ceiling) {
     // small m: a ~256 KiB slice (at least one 64-row panel) so only the kernel's own speed counts;
@@ -228,13 +230,9 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
     const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000);
     const double cs =
         time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true, o.ab ? ab_ceiling : nullptr);
-    c_gbs = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) / cs * 1e-9;
-    if (o.ab) {
-      const double cb = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) * 1e-9;
-      r["ab_ceiling"] = {{"variant0_gbs", cb / ab_ceiling[0]},
-                         {"variant1_gbs", cb / ab_ceiling[1]},
-                         {"ratio", ab_ceiling[0] / ab_ceiling[1]}};
-    }
+    const double c_gb = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) * 1e-9;
+    c_gbs = c_gb / cs;
+    if (o.ab) r["ab_ceiling"] = ab_record(c_gb, ab_ceiling);
     const double c_gflops = 2.0 * static_cast<double>(s.m * n * s.k) / cs * 1e-9;
     c_frac = lim.cpu_peak_ops > 0 ? c_gflops / lim.cpu_peak_ops : 0;
     r["ceiling_gbs_per_thread"] = c_gbs;
@@ -248,10 +246,10 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
                 gbs / lim.bw.read_gbs, lim.peak_ops > 0 ? gflops / lim.peak_ops : 0.0);
     if (o.ceiling) std::printf(" %8.1f %7.3f", c_gbs, c_frac);
     if (o.ab) {
-      const double b = static_cast<double>(bytes) * 1e-9;
-      std::printf("   A/B: variant 0 %.2f GB/s, 1 %.2f GB/s, 1 over 0 = %.4f", b / ab[0], b / ab[1],
-                  ab[0] / ab[1]);
-      if (o.ceiling) std::printf("; ceiling 1 over 0 = %.4f", ab_ceiling[0] / ab_ceiling[1]);
+      const nlohmann::json& a = r["ab"];
+      std::printf("   A/B: variant 0 %.2f GB/s, 1 %.2f GB/s, 1 over 0 = %.4f",
+                  a["variant0_gbs"].get<double>(), a["variant1_gbs"].get<double>(), a["ratio"].get<double>());
+      if (o.ceiling) std::printf("; ceiling 1 over 0 = %.4f", r["ab_ceiling"]["ratio"].get<double>());
     }
     std::printf("\n");
     std::fflush(stdout);

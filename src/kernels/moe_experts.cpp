@@ -39,6 +39,7 @@ struct MoeWorkspace::Impl {
   std::vector<int32_t> counts, offsets;  // [n_experts], [n_experts + 1]
   std::vector<int32_t> assign_token;     // [A] token of each assignment, grouped by expert
   std::vector<int32_t> slot_assign;      // [T * top_k] assignment of each slot, -1 when skipped
+  std::vector<int32_t> order;            // the routed-to experts, most tokens first (expert_order)
   std::vector<Task> tasks;
   Buffer x_prep, xg, gate_out, up_out, h_prep;
 };
@@ -63,6 +64,7 @@ Result<std::unique_ptr<MoeWorkspace>> MoeWorkspace::create(const MoeExpertsParam
   s.offsets.resize(static_cast<size_t>(p.n_experts + 1));
   s.assign_token.resize(static_cast<size_t>(a));
   s.slot_assign.resize(static_cast<size_t>(a));
+  s.order.reserve(static_cast<size_t>(p.n_experts));
   s.tasks.reserve(static_cast<size_t>(p.n_experts * ((std::max(p.hidden, p.inter) + 63) / 64 + 1)));
   s.x_prep = Buffer::allocate(act_scratch_bytes_any(max_tokens, p.hidden));
   s.xg = Buffer::allocate(
@@ -151,29 +153,31 @@ int64_t bucket(MoeWorkspace::Impl& s, int64_t n_experts, int top_k, const int32_
   return s.offsets[static_cast<size_t>(n_experts)];
 }
 
-// Tasks by expert, heaviest experts (most tokens) first, for ThreadPool::run_from_both_ends: an
-// expert with a few tokens streams its weights at what one core reads from memory, one with more
-// tokens is bound by its arithmetic (docs/PERFORMANCE.md, "Expert tasks from both ends"), so with
-// the light tasks claimed from the back while the heavy ones run from the front, both kinds share
-// the cores. 1.01-1.02x at 24-48 tokens (`bench moe`, model-167 Xeon VM).
-void make_tasks(MoeWorkspace::Impl& s, int64_t n_experts, int64_t rows, DType dtype, SimdLevel level) {
-  s.tasks.clear();
-  for (int64_t e = 0; e < n_experts; ++e) {
-    const int64_t n = s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
-    if (n == 0) continue;
-    const int64_t c = chunk_rows(dtype, level, n);
-    for (int64_t r0 = 0; r0 < rows; r0 += c)
-      s.tasks.push_back({static_cast<int32_t>(e), r0, std::min(rows, r0 + c)});
-  }
-  const auto tokens = [&](const MoeWorkspace::Impl::Task& t) {
-    return s.offsets[static_cast<size_t>(t.expert + 1)] - s.offsets[static_cast<size_t>(t.expert)];
+// The experts with tokens, most tokens first (then by id), into s.order: the order of the task
+// lists, which ThreadPool::run_from_both_ends claims from both ends. An expert with a few tokens
+// streams its weights at what one core reads from memory, one with more tokens is bound by its
+// arithmetic (docs/PERFORMANCE.md, "Expert tasks from both ends"), so with the light tasks claimed
+// from the back while the heavy ones run from the front, both kinds share the cores: 1.01-1.02x
+// at 24-48 tokens (`bench moe`, model-167 Xeon VM).
+void expert_order(MoeWorkspace::Impl& s, int64_t n_experts) {
+  const auto tokens = [&](int32_t e) {
+    return s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
   };
-  // a total order (then expert id, then rows), so std::sort (which allocates nothing, unlike
-  // std::stable_sort) gives one order every time
-  std::sort(s.tasks.begin(), s.tasks.end(), [&](const auto& a, const auto& b) {
-    const int32_t ta = tokens(a), tb = tokens(b);
-    return ta != tb ? ta > tb : a.expert != b.expert ? a.expert < b.expert : a.r0 < b.r0;
-  });
+  s.order.clear();
+  for (int32_t e = 0; e < n_experts; ++e)
+    if (tokens(e) > 0) s.order.push_back(e);
+  std::sort(s.order.begin(), s.order.end(),
+            [&](int32_t a, int32_t b) { return tokens(a) != tokens(b) ? tokens(a) > tokens(b) : a < b; });
+}
+
+// Tasks of `rows` rows per expert in s.order, each a run of rows for the expert's token count.
+void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel level) {
+  s.tasks.clear();
+  for (const int32_t e : s.order) {
+    const int64_t n = s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
+    const int64_t c = chunk_rows(dtype, level, n);
+    for (int64_t r0 = 0; r0 < rows; r0 += c) s.tasks.push_back({e, r0, std::min(rows, r0 + c)});
+  }
 }
 
 DType first_dtype(std::span<const ExpertWeights> experts, bool down) {
@@ -246,7 +250,8 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   // 2. gate and up, then h = silu(gate) * up
   auto* gate_out = s.gate_out.as<float>();
   auto* up_out = s.up_out.as<float>();
-  make_tasks(s, p.n_experts, p.inter, gate_type, level);
+  expert_order(s, p.n_experts);
+  make_tasks(s, p.inter, gate_type, level);
   pool.run_from_both_ends(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {
     const auto& task = s.tasks[static_cast<size_t>(ti)];
     const ExpertWeights& ew = experts[static_cast<size_t>(task.expert)];
@@ -265,7 +270,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   const ActView hp = prepare_activations(down_type, level, gate_out, n_assign, p.inter, p.inter,
                                          s.h_prep.data(), pool, true, f16_counts ? 1 : 0);
   auto* out = s.xg.as<float>();
-  make_tasks(s, p.n_experts, p.hidden, down_type, level);
+  make_tasks(s, p.hidden, down_type, level);
   pool.run_from_both_ends(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {
     const auto& task = s.tasks[static_cast<size_t>(ti)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
