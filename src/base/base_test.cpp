@@ -271,6 +271,28 @@ TEST(MappedFile, ReadModeHoldsTheSameBytesAsTheMapping) {
   std::filesystem::remove(path);
 }
 
+// kRead places the requested file byte on a cache line (a format's data section) and holds the
+// same bytes as the mapping wherever that puts the copy; the mapping itself starts on a page.
+TEST(MappedFile, ReadModePutsTheRequestedByteOnACacheLine) {
+  const std::string path = testing::TempDir() + "/aligned-read.bin";
+  Rng rng(std::random_device{}());
+  std::string bytes(10000 + rng.below(5000), '\0');
+  for (auto& c : bytes) c = static_cast<char>(rng.next_u64());
+  ASSERT_TRUE(write_file_atomic(path, bytes).ok());
+  auto mapped = MappedFile::open(path, LoadMode::kMap, 56);  // the mapping ignores align_at
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*mapped)->data()) % 4096, 0u);
+  for (uint64_t at : {uint64_t{0}, uint64_t{1}, uint64_t{8}, uint64_t{56}, uint64_t{63}, uint64_t{64},
+                      uint64_t{4103}, rng.below(10000)}) {
+    auto read = MappedFile::open(path, LoadMode::kRead, at);
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*read)->data() + at) % kCacheLine, 0u) << "align_at " << at;
+    ASSERT_EQ((*read)->size(), bytes.size());
+    EXPECT_EQ(0, std::memcmp((*read)->data(), bytes.data(), bytes.size())) << "align_at " << at;
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Cpu, LevelIsCappedAndNamed) {
   const SimdLevel supported = simd_level_supported();
   set_simd_level_cap(SimdLevel::kScalar);

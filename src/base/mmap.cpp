@@ -16,19 +16,28 @@ namespace {
 std::atomic<LoadMode> g_load_mode{LoadMode::kMap};
 
 // The whole file into fresh anonymous memory, then read-only; the page cache copy is dropped
-// piece by piece so the file is not resident twice.
-Result<const uint8_t*> read_whole(int fd, const std::string& path, size_t size) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+// piece by piece so the file is not resident twice. File byte `align_at` lands on a kCacheLine
+// boundary: the copy starts `shift` bytes into the allocation.
+struct ReadCopy {
+  void* base = nullptr;
+  size_t base_size = 0;
+  const uint8_t* data = nullptr;
+};
+
+Result<ReadCopy> read_whole(int fd, const std::string& path, size_t size, uint64_t align_at) {
+  const size_t shift = static_cast<size_t>((kCacheLine - align_at % kCacheLine) % kCacheLine);
+  const size_t base_size = size + shift;
+  void* p = mmap(nullptr, base_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return errno_status(errno, fmt::format("allocate {} bytes to read '{}'", size, path));
-  (void)madvise(p, size, MADV_HUGEPAGE);  // advice only
-  auto* dst = static_cast<uint8_t*>(p);
+  (void)madvise(p, base_size, MADV_HUGEPAGE);  // advice only
+  auto* dst = static_cast<uint8_t*>(p) + shift;
   constexpr size_t kPiece = size_t{64} << 20;
   for (size_t off = 0; off < size;) {
     const ssize_t n = pread(fd, dst + off, std::min(kPiece, size - off), static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : 0;
-      munmap(p, size);
+      munmap(p, base_size);
       if (err != 0) return errno_status(err, fmt::format("read '{}' at byte {}", path, off));
       return io_error("'{}' ended at byte {} while reading {} bytes (truncated while loading?)", path, off,
                       size);
@@ -36,8 +45,8 @@ Result<const uint8_t*> read_whole(int fd, const std::string& path, size_t size) 
     (void)posix_fadvise(fd, static_cast<off_t>(off), n, POSIX_FADV_DONTNEED);
     off += static_cast<size_t>(n);
   }
-  (void)mprotect(p, size, PROT_READ);
-  return static_cast<const uint8_t*>(p);
+  (void)mprotect(p, base_size, PROT_READ);
+  return ReadCopy{p, base_size, dst};
 }
 
 }  // namespace
@@ -55,6 +64,11 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
 }
 
 Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, LoadMode mode) {
+  return open(path, mode, 0);
+}
+
+Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, LoadMode mode,
+                                                     uint64_t align_at) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status(errno, fmt::format("open '{}'", path));
   struct stat st{};
@@ -70,10 +84,11 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, Lo
   const size_t size = static_cast<size_t>(st.st_size);
   const uint8_t* data = nullptr;
   if (size > 0 && mode == LoadMode::kRead) {
-    auto read = read_whole(fd, path, size);
+    auto read = read_whole(fd, path, size, align_at);
     ::close(fd);
     if (!read.ok()) return read.status();
-    return std::unique_ptr<MappedFile>(new MappedFile(path, *read, size, mode));
+    return std::unique_ptr<MappedFile>(
+        new MappedFile(path, read->data, size, mode, read->base, read->base_size));
   }
   if (size > 0) {
     void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -85,11 +100,12 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, Lo
     data = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // the mapping keeps the file alive
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, mode));
+  return std::unique_ptr<MappedFile>(
+      new MappedFile(path, data, size, mode, const_cast<uint8_t*>(data), data == nullptr ? 0 : size));
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+  if (base_ != nullptr) munmap(base_, base_size_);
 }
 
 void MappedFile::advise(size_t offset, size_t length, MapAdvice advice) const {

@@ -5,6 +5,12 @@
 // anonymous memory instead (huge pages advised) and drops what the read put in the page cache, so
 // the bytes are resident once. Weight streaming from such memory measured 1.1-1.4x faster than
 // from mapped page-cache pages on the development VM; it costs the whole file in RAM up front.
+//
+// Alignment: a mapping starts on a page, so file byte i sits at i mod 64 within its cache line.
+// The copy of kRead can do better: open(path, mode, align_at) places file byte `align_at` (a
+// format's data section) on a kCacheLine boundary. The reference safetensors writer pads its header
+// to 8 bytes only, so a checkpoint's tensors usually start mid line; the FP8 tile kernels read such
+// weights up to 1.9x slower (docs/PERFORMANCE.md, "Cache-line-aligned weights").
 #pragma once
 
 #include <cstddef>
@@ -23,10 +29,14 @@ enum class LoadMode { kMap, kRead };
 void set_default_load_mode(LoadMode mode);
 LoadMode default_load_mode();
 
+inline constexpr uint64_t kCacheLine = 64;
+
 class MappedFile {
  public:
   static Result<std::unique_ptr<MappedFile>> open(const std::string& path);
   static Result<std::unique_ptr<MappedFile>> open(const std::string& path, LoadMode mode);
+  // As above; with kRead, file byte `align_at` lands on a kCacheLine boundary (ignored by kMap).
+  static Result<std::unique_ptr<MappedFile>> open(const std::string& path, LoadMode mode, uint64_t align_at);
   LoadMode mode() const { return mode_; }
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -42,12 +52,14 @@ class MappedFile {
   void prefault(size_t offset, size_t length) const;
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size, LoadMode mode)
-      : path_(std::move(path)), data_(data), size_(size), mode_(mode) {}
+  MappedFile(std::string path, const uint8_t* data, size_t size, LoadMode mode, void* base, size_t base_size)
+      : path_(std::move(path)), data_(data), size_(size), mode_(mode), base_(base), base_size_(base_size) {}
   std::string path_;
   const uint8_t* data_;
   size_t size_;
   LoadMode mode_;
+  void* base_;  // what munmap releases: the mapping, or the copy's allocation (data_ may sit past it)
+  size_t base_size_;
 };
 
 }  // namespace fathom

@@ -2,10 +2,12 @@
 #include "formats/safetensors.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 
+#include "base/log.h"
 #include "formats/json_util.h"
 
 namespace fathom {
@@ -75,6 +77,17 @@ Result<TensorEntry> parse_entry(const std::string& path, const std::string& name
   return e;
 }
 
+// Where the data section starts (8 + the header length), read ahead of MappedFile::open so a
+// kRead copy puts it on a cache line; 0 when the file is too short (parse reports that).
+uint64_t data_section_start(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return 0;
+  uint8_t len[8];
+  const bool ok = std::fread(len, 1, 8, f) == 8;
+  std::fclose(f);
+  return ok ? 8 + read_u64_le(len) : 0;
+}
+
 }  // namespace
 
 Result<DType> safetensors_dtype(std::string_view name) {
@@ -92,7 +105,7 @@ Result<std::string_view> safetensors_dtype_name(DType dtype) {
 }
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  auto map = TRY(MappedFile::open(path));
+  auto map = TRY(MappedFile::open(path, default_load_mode(), data_section_start(path)));
   const uint8_t* data = map->data();
   const size_t size = map->size();
   auto file = TRY(parse(data, size, path));
@@ -169,7 +182,10 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
     offset += bytes;
   }
   std::string text = header.dump();
-  while ((8 + text.size()) % 8 != 0) text.push_back(' ');  // data section 8-byte aligned
+  // The data section on a cache line (the format pads the header with spaces; the reference
+  // writer pads to 8): tensors whose offsets are multiples of 64 are then cache-line aligned when
+  // mapped, which the FP8 tile kernels read up to 1.9x faster (base/mmap.h).
+  while ((8 + text.size()) % kCacheLine != 0) text.push_back(' ');
   OutputFile file = TRY(OutputFile::create(path));
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
@@ -245,6 +261,19 @@ Result<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::open(const
     shard_paths.push_back(path);
   }
   for (const auto& sp : shard_paths) ck->files_.push_back(TRY(SafetensorsFile::open(sp)));
+  uint64_t misaligned = 0, total = 0;
+  for (const auto& f : ck->files_) {
+    for (const auto& e : f->tensors()) {
+      total += e.size;
+      if (reinterpret_cast<uintptr_t>(f->view(e).data) % kCacheLine != 0) misaligned += e.size;
+    }
+  }
+  if (misaligned * 2 > total && default_load_mode() == LoadMode::kMap) {
+    log_info(
+        "{}: {:.0f}% of the tensor bytes start mid cache line in the mapped files (safetensors pads its "
+        "header to 8 bytes); --no-mmap reads them aligned, which the FP8 tile kernels read up to 1.9x faster",
+        path, 100.0 * static_cast<double>(misaligned) / static_cast<double>(total));
+  }
   for (const auto& f : ck->files_) {
     const std::string fname = fs::path(f->path()).filename().string();
     for (const auto& e : f->tensors()) {

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "base/fs.h"
 #include "base/rng.h"
@@ -60,17 +61,43 @@ TEST(Safetensors, WritesAndReadsBackEveryTensor) {
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   EXPECT_EQ((*f)->tensors().size(), 4u);
   EXPECT_EQ((*f)->metadata().at("format"), "pt");
-  EXPECT_EQ((*f)->header_bytes() % 8, 0u);
+  EXPECT_EQ((*f)->header_bytes() % kCacheLine, 0u);  // the data section on a cache line
   const TensorEntry* ea = (*f)->find("a.weight");
   ASSERT_NE(ea, nullptr);
   EXPECT_EQ(ea->shape, (std::vector<int64_t>{6, 5}));
   Tensor va = (*f)->view(*ea);
   EXPECT_EQ(std::memcmp(va.data, a.data(), a.size() * 4), 0);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(va.data) % 8, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(va.data) % kCacheLine, 0u);
   const TensorEntry* eb = (*f)->find("b");
   EXPECT_EQ(std::memcmp((*f)->view(*eb).data, b.data(), 14), 0);
   EXPECT_EQ((*f)->find("c.fp8")->dtype, DType::kF8E4M3);
   EXPECT_EQ((*f)->find("missing"), nullptr);
+}
+
+// A checkpoint as the reference writer pads it (header to 8 bytes), here with the data section at
+// 56 mod 64: mapped, its tensors start mid cache line; --no-mmap (kRead) puts them on one, and
+// both read the same values.
+TEST(Safetensors, ReadModeAlignsTheDataSectionOfAnyHeader) {
+  Rng rng(std::random_device{}());
+  std::vector<uint8_t> w(2 * 64 + 64);  // two 64-byte rows and one more
+  for (auto& v : w) v = static_cast<uint8_t>(rng.next_u64());
+  std::string header = R"({"w":{"dtype":"U8","shape":[3,64],"data_offsets":[0,192]}})";
+  while ((8 + header.size()) % 64 != 56) header.push_back(' ');
+  std::string img = image(header, 0);
+  img.append(reinterpret_cast<const char*>(w.data()), w.size());
+  const std::string path = temp_path("mid-line.safetensors");
+  ASSERT_TRUE(write_file_atomic(path, img).ok());
+  for (LoadMode mode : {LoadMode::kMap, LoadMode::kRead}) {
+    set_default_load_mode(mode);
+    auto ck = SafetensorsCheckpoint::open(path);
+    set_default_load_mode(LoadMode::kMap);
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    const auto* t = (*ck)->find("w");
+    ASSERT_NE(t, nullptr);
+    const Tensor v = (*ck)->view(*t);
+    EXPECT_EQ(std::memcmp(v.data, w.data(), w.size()), 0);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % kCacheLine, mode == LoadMode::kMap ? 56u : 0u);
+  }
 }
 
 TEST(Safetensors, WriterRejectsIncompleteAndExcessData) {
