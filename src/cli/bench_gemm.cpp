@@ -10,6 +10,9 @@
 // thread CPU time, next to the peak loop timed the same way: what the kernel sustains when memory
 // is not the limit, robust to other load on the machine (wall-clock figures are not).
 //
+// --weight-offset N starts every weight N bytes past a cache line, as a mapped safetensors
+// checkpoint's tensors sit when its header length is not a multiple of 64 (base/mmap.h).
+//
 // --ab alternates ab::variant() 0 and 1 batch by batch (base/ab.h: a guarded candidate change) and
 // reports each variant's GB/s from its own batches, for the memory run and the ceiling run.
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@
 
 #include "base/ab.h"
 #include "base/check.h"
+#include "base/mmap.h"
 #include "base/rng.h"
 #include "base/strings.h"
 #include "base/timer.h"
@@ -41,6 +45,7 @@ struct GemmOptions {
   std::optional<int64_t> m, n, k;
   double seconds = 0.5;
   std::string rotate = "1G";
+  int64_t weight_offset = 0;
   bool ceiling = false;
   bool ab = false;
   bool json = false;
@@ -74,15 +79,15 @@ struct BenchWeight {
   std::vector<WeightView> views;
 };
 
-BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t seed) {
+BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t seed, int64_t offset) {
   BenchWeight w;
   const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(n * k));
   const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
   std::vector<float> f(static_cast<size_t>(k));
   for (int c = 0; c < copies; ++c) {
-    w.data.push_back(Buffer::allocate(bytes));
+    w.data.push_back(Buffer::allocate(bytes + static_cast<uint64_t>(offset)));
     w.scale.emplace_back();
-    uint8_t* base = w.data.back().data();
+    uint8_t* base = w.data.back().data() + offset;
     if (dtype == DType::kF8E4M3) {  // random codes (no NaN); the bytes are what matters for speed
       // (every copy its own bytes: byte-identical copies read faster than memory on these VMs, 1.02
       // of the bandwidth against 0.86 for [1408 x 2048] at m = 1; eight codes per draw)
@@ -200,7 +205,7 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
   for (size_t i = 0; i < x.size(); ++i) x[i] = counter_uniform(99, 0, i);
   double sec = 0, ab[2] = {0, 0}, ab_ceiling[2] = {0, 0};
   {
-    const BenchWeight w = make_weight(dtype, s.n, s.k, copies, seed);
+    const BenchWeight w = make_weight(dtype, s.n, s.k, copies, seed, o.weight_offset);
     sec = time_calls(w, x.data(), s.m, y.data(), o.seconds, pool, false, o.ab ? ab : nullptr);
   }
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
@@ -213,6 +218,7 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
                       {"seconds_per_call", sec},
                       {"weight_bytes", bytes},
                       {"weight_copies", copies},
+                      {"weight_offset", o.weight_offset},
                       {"flops", flops},
                       {"gbs", gbs},
                       {"gflops", gflops},
@@ -227,7 +233,7 @@ nlohmann::json run_shape(const Shape& s, DType dtype, const GemmOptions& o, uint
     const uint64_t row_bytes = bytes / static_cast<uint64_t>(s.n);
     const int64_t slice = static_cast<int64_t>((uint64_t{256} << 10) / std::max<uint64_t>(row_bytes, 1));
     const int64_t n = s.m <= 16 ? std::clamp<int64_t>(slice, 64, s.n) : s.n;
-    const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000);
+    const BenchWeight w = make_weight(dtype, n, s.k, 1, seed + 1000, o.weight_offset);
     const double cs =
         time_calls(w, x.data(), s.m, y.data(), o.seconds / 2, *one, true, o.ab ? ab_ceiling : nullptr);
     const double c_gb = static_cast<double>(dtype_bytes(dtype, static_cast<uint64_t>(n * s.k))) * 1e-9;
@@ -282,6 +288,9 @@ int run_gemm(int argc, char** argv) {
   args.option("--seconds", &o.seconds, "time budget per shape");
   args.option("--rotate", &o.rotate, "total bytes of weight copies cycled through (defeats the caches)",
               "SIZE");
+  args.option("--weight-offset", &o.weight_offset,
+              "start each weight this many bytes past a cache line (0-63; a mapped checkpoint's tensors may)",
+              "N");
   args.flag("--ceiling", &o.ceiling, "also measure one thread on a cache-resident slice in CPU time");
   args.flag("--ab", &o.ab,
             "alternate ab::variant() 0 and 1 batch by batch and report each one's GB/s (for measuring a "
@@ -298,6 +307,10 @@ int run_gemm(int argc, char** argv) {
   }
   auto rotate = parse_size(o.rotate, "--rotate");
   if (!rotate.ok()) return fail(args.command(), rotate.status());
+  if (o.weight_offset < 0 || o.weight_offset >= static_cast<int64_t>(kCacheLine)) {
+    return fail(args.command(),
+                invalid_argument("--weight-offset {}: must be 0-{}", o.weight_offset, kCacheLine - 1));
+  }
   auto shapes = shapes_from(o, *dtype);
   if (!shapes.ok()) return fail(args.command(), shapes.status());
 
