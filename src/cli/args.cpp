@@ -181,7 +181,9 @@ Result<bool> Args::parse(int argc, char** argv) {
 }
 
 void Args::model_load_options() {
-  flag("--no-mmap", &no_mmap_, "read the model files into memory instead of mapping them (RAM for all of it)");
+  flag(
+      "--no-mmap", &no_mmap_,
+      "read the model files into memory instead of mapping them (RAM for all of it; tensors on cache lines)");
 }
 
 std::string Args::help() const {
