@@ -70,21 +70,31 @@ inline void prefetch_rows(const uint8_t* base, int64_t row_bytes, int64_t rows, 
 
 // The cache lines of the next weight block (up to two 16-row panels' rows), requested a few at a
 // time between tile products (issue) instead of in one burst before them: a burst of 64 lines
-// fills the core's miss buffers and stalls the products behind it until DRAM answers.
+// fills the core's miss buffers and stalls the products behind it until DRAM answers. Every line a
+// row's bytes touch: a row that starts mid line (a mapped checkpoint's tensor, base/mmap.h) spans
+// one more than bytes / 64, and the products stalled on the unrequested one (the pair loop read
+// weights 56 bytes into a line 1.8x slower at m = 32 before; `bench gemm --weight-offset 56`).
 struct LinePrefetch {
-  explicit LinePrefetch(int64_t bytes_per_row) : lines(static_cast<int>((bytes_per_row + 63) / 64)) {}
-  const uint8_t* rows[32];
-  int n_rows = 0;
-  const int lines;        // 64-byte lines per row
+  explicit LinePrefetch(int64_t bytes_per_row) : bytes(bytes_per_row) {}
+  const uint8_t* rows[32];  // each row's first line
+  int8_t lines[32];         // the lines its bytes touch
+  int n_rows = 0, n_lines = 0;
+  const int64_t bytes;    // per row
   int row = 0, line = 0;  // the next line to request
   void add_rows(const uint8_t* base, int64_t row_bytes, int64_t n) {
-    for (int64_t r = 0; r < n && n_rows < 32; ++r) rows[n_rows++] = base + r * row_bytes;
+    for (int64_t r = 0; r < n && n_rows < 32; ++r) {
+      const uint8_t* p = base + r * row_bytes;
+      const int64_t into = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 63);
+      rows[n_rows] = p - into;
+      lines[n_rows] = static_cast<int8_t>((into + bytes + 63) / 64);
+      n_lines += lines[n_rows++];
+    }
   }
-  int total() const { return n_rows * lines; }
+  int total() const { return n_lines; }
   inline void issue(int k) {
     for (; k > 0 && row < n_rows; --k) {
       _mm_prefetch(reinterpret_cast<const char*>(rows[row] + 64 * line), _MM_HINT_T0);
-      if (++line == lines) {
+      if (++line == lines[row]) {
         line = 0;
         ++row;
       }
