@@ -9,8 +9,9 @@
 // Alignment: a mapping starts on a page, so file byte i sits at i mod 64 within its cache line.
 // The copy of kRead can do better: open(path, mode, align_at) places file byte `align_at` (a
 // format's data section) on a kCacheLine boundary. The reference safetensors writer pads its header
-// to 8 bytes only, so a checkpoint's tensors usually start mid line; the FP8 tile kernels read such
-// weights up to 1.9x slower (docs/PERFORMANCE.md, "Cache-line-aligned weights").
+// to 8 bytes only, so a checkpoint's tensors usually start mid line, which costs the FP8 kernels
+// 2-7% (the tile pair loop 1.8x before its line requests took the extra line; docs/PERFORMANCE.md,
+// "Cache-line-aligned weights").
 #pragma once
 
 #include <cstddef>

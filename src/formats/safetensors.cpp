@@ -184,7 +184,7 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
   std::string text = header.dump();
   // The data section on a cache line (the format pads the header with spaces; the reference
   // writer pads to 8): tensors whose offsets are multiples of 64 are then cache-line aligned when
-  // mapped, which the FP8 tile kernels read up to 1.9x faster (base/mmap.h).
+  // mapped, which the FP8 kernels read a few percent faster (base/mmap.h).
   while ((8 + text.size()) % kCacheLine != 0) text.push_back(' ');
   OutputFile file = TRY(OutputFile::create(path));
   uint8_t len[8];
@@ -271,7 +271,7 @@ Result<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::open(const
   if (misaligned * 2 > total && default_load_mode() == LoadMode::kMap) {
     log_info(
         "{}: {:.0f}% of the tensor bytes start mid cache line in the mapped files (safetensors pads its "
-        "header to 8 bytes); --no-mmap reads them aligned, which the FP8 tile kernels read up to 1.9x faster",
+        "header to 8 bytes); --no-mmap reads them aligned, which the FP8 kernels read a few percent faster",
         path, 100.0 * static_cast<double>(misaligned) / static_cast<double>(total));
   }
   for (const auto& f : ck->files_) {
