@@ -45,7 +45,7 @@ int run_cpu(int argc, char** argv) {
                            : "absent");
   std::printf("fp8 fp16:   %s\n",
               matmul_fp8_f16_active()
-                  ? "fp8 weights at 2-4 rows in fp16 arithmetic; FATHOM_FP8_F16=0 turns it off"
+                  ? "fp8 weights at 2-7 rows in fp16 arithmetic; FATHOM_FP8_F16=0 turns it off"
               : f.avx512_fp16 ? "off (FATHOM_FP8_F16=0, or a capped SIMD level)"
                               : "absent (no AVX-512 FP16)");
   std::printf("threads:    %d\n", default_thread_count());

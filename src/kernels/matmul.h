@@ -83,7 +83,7 @@ void dequantize_weight_row(const WeightView& w, int64_t r, float* dst);
 
 // The largest m that takes the matrix-vector path; above it the GEMM path runs (for benchmarks).
 int64_t matmul_matvec_max_m(DType dtype);
-// Whether fp8 weights at 2-4 activation rows use the fp16 kernel here (CPUs with AVX-512 FP16, at
+// Whether fp8 weights at 2-7 activation rows use the fp16 kernels here (CPUs with AVX-512 FP16, at
 // the current SIMD level; FATHOM_FP8_F16=0 turns it off).
 bool matmul_fp8_f16_active();
 

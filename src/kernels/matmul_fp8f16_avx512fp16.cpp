@@ -7,7 +7,9 @@
 // by 7 and clear bit 14. The result's bits are s 0 eeee mmm 0000000, an fp16 equal to the e4m3
 // value times 2^-8 for normal and subnormal codes alike, so the conversion is exact. A decode
 // step's experts see 1-8 tokens each, where the bf16 dot products, not the memory, bounded the
-// row-wise kernel (docs/PERFORMANCE.md, "FP16 products for fp8 weights at 2-4 rows").
+// row-wise kernel (docs/PERFORMANCE.md, "FP16 products for fp8 weights at 2-4 rows"), and at 5-7
+// the tiles lost more to converting each weight tile for a handful of rows ("... at 5-7 rows"
+// in the same file).
 //
 // Precision: the activations are the bf16-rounded rows every other path uses, scaled per row by a
 // power of two (ActView::f16), so they are exact in fp16. For each 128-row weight group they are
@@ -32,6 +34,7 @@
 #include "base/check.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/simd_avx512_impl.h"
+#include "tensor/tensor.h"
 
 namespace fathom::matmul_internal {
 namespace {
@@ -170,14 +173,87 @@ inline bool saw_nan(const PairOut& o) {
           _mm512_cmpeq_epi8_mask(s, _mm512_set1_epi8(0x7f))) != 0;
 }
 
+// Weight rows one at a time against M (5..7) fp16 activation rows, in intrinsics (the register plan
+// fits: M fp16 sums, M fp32 totals, the row's two converted vectors, the NaN maxima). Reading more
+// than four activation rows in the pair kernel would need more registers than there are, and two
+// four-row sweeps convert every weight twice (at 6 rows they read 0.48 of the bandwidth from
+// memory, this kernel 0.60-0.61). x holds the scaled rows interleaved per 32 columns
+// ([K / 32][M][32], so the M vectors of a column chunk are adjacent); pf and far as the pair
+// kernel's, one row each. tot gets row i's per-lane totals at tot[i].
+template <int M>
+void single_kernel(const uint8_t* w, int64_t K, const uint16_t* x, const uint8_t* pf, const uint8_t* far,
+                   __m512 (&tot)[8], __m512i& max_u, __m512i& max_s) {
+  const __m512i mask = _mm512_set1_epi16(static_cast<short>(0xbfff));
+  __m512i mu = max_u, ms = max_s;
+  __m512h acc[M];
+  __m512 t[M];  // in registers, copied to tot at the end
+  FATHOM_UNROLL
+  for (int i = 0; i < M; ++i) t[i] = _mm512_setzero_ps();
+  // 64 columns at c: the same columns of the next row into L1 and of the far row into L2, the NaN
+  // maxima, the conversion, then each activation row's two products
+  const auto half = [&](int64_t c) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf + c), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(far + c), _MM_HINT_T1);
+    const __m512i b = _mm512_loadu_si512(w + c);
+    mu = _mm512_max_epu8(mu, b);
+    ms = _mm512_max_epi8(ms, b);
+    const __m512h w0 = _mm512_castsi512_ph(_mm512_and_si512(
+        _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c))),
+                          7),
+        mask));
+    const __m512h w1 = _mm512_castsi512_ph(_mm512_and_si512(
+        _mm512_slli_epi16(
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c + 32))), 7),
+        mask));
+    const uint16_t* xc = x + (c / 32) * M * 32;
+    FATHOM_UNROLL
+    for (int i = 0; i < M; ++i) {
+      const __m512h a0 = _mm512_castsi512_ph(_mm512_load_si512(xc + i * 32));
+      const __m512h a1 = _mm512_castsi512_ph(_mm512_load_si512(xc + (M + i) * 32));
+      acc[i] = _mm512_fmadd_ph(a1, w1, _mm512_fmadd_ph(a0, w0, acc[i]));
+    }
+  };
+  const auto flush = [&] {
+    FATHOM_UNROLL
+    for (int i = 0; i < M; ++i) {
+      const __m256h lo = _mm512_castph512_ph256(acc[i]);
+      const __m256h hi = _mm256_castsi256_ph(_mm512_extracti64x4_epi64(_mm512_castph_si512(acc[i]), 1));
+      t[i] = _mm512_add_ps(t[i], _mm512_cvtxph_ps(_mm256_add_ph(lo, hi)));
+    }
+  };
+  const int64_t nb = K / 128;
+  int64_t c = 0;
+  for (int64_t b = 0; b < nb;) {
+    const int64_t n = b == 0 && nb % 2 != 0 ? 1 : 2;
+    FATHOM_UNROLL
+    for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ph();
+    for (int64_t j = 0; j < n; ++j, c += 128) {
+      half(c);
+      half(c + 64);
+    }
+    flush();
+    b += n;
+  }
+  FATHOM_UNROLL
+  for (int i = 0; i < M; ++i) tot[i] = t[i];
+  max_u = mu;
+  max_s = ms;
+}
+
 // The activation rows of one 128-row weight group: row i's fp16 values (|x| < 2^10) times the
 // scale of their column block and a power of two 2^t that puts the group's largest scale in
 // [1/2, 1), in fp32, rounded to fp16. factor[i] turns row i's sums back: f16_unscale[i] * 2^-t.
 // False (nothing written) when a scale is not finite or a nonzero one is below 2^-14 after the
 // power of two.
+// Rows are [m][K] for the pair kernel (m <= 4) and interleaved per 32 columns, [K / 32][m][32], for
+// single_kernel (m > 4).
 struct ScaledRows {
-  std::vector<uint16_t> x;  // [m][K]
-  float factor[4] = {};
+  Buffer x;  // 64-byte aligned
+  float factor[8] = {};
+  void reserve(int64_t m, int64_t K) {
+    const size_t bytes = static_cast<size_t>(m * K) * 2;
+    if (x.size() < bytes) x = Buffer::allocate(bytes);
+  }
 };
 
 bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, ScaledRows& out) {
@@ -198,29 +274,87 @@ bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, Scal
   for (int64_t i = 0; i < m; ++i) out.factor[i] = a.f16_unscale[i] * std::ldexp(1.0f, -t);
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const __m512 s = _mm512_set1_ps(std::ldexp(scale[kb], t));
-    for (int64_t i = 0; i < m; ++i) {
-      const uint16_t* xi = a.f16 + i * a.stride + kb * 128;
-      uint16_t* oi = out.x.data() + i * K + kb * 128;
-      for (int64_t c = 0; c < 128; c += 16) {
-        const __m512 v = _mm512_cvtxph_ps(_mm256_loadu_ph(xi + c));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(oi + c),
-                            _mm512_cvtps_ph(_mm512_mul_ps(v, s), _MM_FROUND_TO_NEAREST_INT));
+    for (int64_t col = kb * 128; col < kb * 128 + 128; col += 32) {  // 32 columns: one 64-byte store
+      for (int64_t i = 0; i < m; ++i) {
+        const uint16_t* xi = a.f16 + i * a.stride + col;
+        const __m256i lo = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtxph_ps(_mm256_loadu_ph(xi)), s),
+                                           _MM_FROUND_TO_NEAREST_INT);
+        const __m256i hi = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtxph_ps(_mm256_loadu_ph(xi + 16)), s),
+                                           _MM_FROUND_TO_NEAREST_INT);
+        uint16_t* o = out.x.as<uint16_t>() + (m <= 4 ? i * K + col : (col / 32 * m + i) * 32);
+        _mm512_store_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
       }
     }
   }
   return true;
 }
 
+// Rows [r0, r1) at 5..7 activation rows, one weight row at a time (single_kernel).
+int64_t rows_single(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                    int64_t r1, ScaledRows& sr) {
+  const int64_t K = w.cols, m = x.m;
+  const int mi = static_cast<int>(m);
+  // the next row into L1 and the row kFar ahead into L2, both at the columns being read
+  constexpr int64_t kAhead = 1, kFar = 8;
+  prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * K);
+  const uint16_t* xs = sr.x.as<uint16_t>();
+  alignas(64) float sums[128][8];  // a group's results, [weight row - g0][activation row]
+  for (int64_t g0 = r0; g0 < r1; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
+    const int64_t g1 = std::min(r1, (g0 / 128 + 1) * 128);
+    if (!scale_rows(x, m, K, fp8_scale_row(w, g0), sr)) {
+      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+      continue;
+    }
+    __m512i max_u = _mm512_setzero_si512(), max_s = _mm512_setzero_si512();
+    __m512 tot[8];
+    for (int64_t r = g0; r < g1; ++r) {
+      const uint8_t* self = fp8_row(w, r);
+      const uint8_t* pf = r + kAhead < r1 ? fp8_row(w, r + kAhead) : self;
+      const uint8_t* far = r + kFar < r1 ? fp8_row(w, r + kFar) : self;
+      switch (mi) {
+        case 5:
+          single_kernel<5>(self, K, xs, pf, far, tot, max_u, max_s);
+          break;
+        case 6:
+          single_kernel<6>(self, K, xs, pf, far, tot, max_u, max_s);
+          break;
+        default:
+          single_kernel<7>(self, K, xs, pf, far, tot, max_u, max_s);
+          break;
+      }
+      for (int i = mi; i < 8; ++i) tot[i] = _mm512_setzero_ps();
+      _mm_store_ps(sums[r - g0], hsum4(tot[0], tot[1], tot[2], tot[3]));
+      _mm_store_ps(sums[r - g0] + 4, hsum4(tot[4], tot[5], tot[6], tot[7]));
+    }
+    const bool nan = (_mm512_cmpeq_epi8_mask(max_u, _mm512_set1_epi8(static_cast<char>(0xff))) |
+                      _mm512_cmpeq_epi8_mask(max_s, _mm512_set1_epi8(0x7f))) != 0;
+    if (nan) {  // keep NaN results: the group on the bf16 path (nothing written yet)
+      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+      continue;
+    }
+    for (int i = 0; i < mi; ++i) {
+      float* yi = y + i * ldy;
+      for (int64_t r = g0; r < g1; ++r) {
+        const float v = sums[r - g0][i] * sr.factor[i];
+        yi[r] = accumulate ? yi[r] + v : v;
+      }
+    }
+  }
+  return r1;
+}
+
 }  // namespace
 
 int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                                 int64_t r0, int64_t r1) {
-  CHECK(x.f16 != nullptr && w.dtype == DType::kF8E4M3 && w.cols % 128 == 0 && r0 % 2 == 0 && x.m <= 4);
+  CHECK(x.f16 != nullptr && w.dtype == DType::kF8E4M3 && w.cols % 128 == 0 && r0 % 2 == 0 &&
+        x.m <= kFp8F16MaxM);
   const int64_t K = w.cols, m = x.m;
   const int mi = static_cast<int>(m);
-  const int64_t re = r0 + (r1 - r0) / 2 * 2;  // whole pairs; the caller takes a last odd row
   thread_local ScaledRows sr;
-  if (static_cast<int64_t>(sr.x.size()) < m * K) sr.x.resize(static_cast<size_t>(m * K));
+  sr.reserve(m, K);
+  if (m > 4) return rows_single(w, x, y, ldy, accumulate, r0, r1, sr);
+  const int64_t re = r0 + (r1 - r0) / 2 * 2;  // whole pairs; the caller takes a last odd row
   // the next pair into L1 and the rows kFar ahead into L2, both while this pair is read
   // (from memory, m = 2-4: 2 and 8 rows ahead read like 4 / 8, 4 / 12, 4 / 16 and 2 / 16, except m =
   // 4 on [1408 x 2048], 0.71 against 0.64; 6 / 12 was slower)
@@ -240,7 +374,7 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
       const uint8_t* self = fp8_row(w, r);
       const uint8_t* pf = r + kAhead + 2 <= re ? fp8_row(w, r + kAhead) : self;
       const uint8_t* far = r + kFar + 2 <= re ? fp8_row(w, r + kFar) : self;
-      pair_kernel(mi, self, K, sr.x.data(), K, pf, far, out);
+      pair_kernel(mi, self, K, sr.x.as<uint16_t>(), K, pf, far, out);
       const auto t = [&](int row, int i) { return _mm512_load_ps(out.tot[row][i]); };
       _mm_store_ps(sums[r - g0], hsum4(t(0, 0), t(0, 1), t(0, 2), t(0, 3)));
       _mm_store_ps(sums[r - g0 + 1], hsum4(t(1, 0), t(1, 1), t(1, 2), t(1, 3)));

@@ -70,11 +70,13 @@ void set_fp8_vbmi_override(int override);
 bool fp8_use_f16(SimdLevel level);
 bool fp8_f16_available();
 void set_fp8_f16_override(int override);
-// The fp16 kernel's range of activation rows, from 2 to this many. Two threads, [1408 x 2048] and
-// [2048 x 1408] from memory (`bench gemm`, model-167 Xeon VM): at one row it read 0.77-0.81 of the
-// bandwidth against the m = 1 kernel's 0.82-0.91; at 6 and 8 rows (two 4-row sweeps, the weights
-// converted twice) 0.48 / 0.39 against the tiles' 0.60 / 0.59.
-inline constexpr int64_t kFp8F16MaxM = 4;
+// The fp16 kernels' range of activation rows, from 2 to this many: the pair kernel at 2-4, the
+// single-row kernel at 5-7. Two threads, [1408 x 2048] and [2048 x 1408] from memory (`bench gemm`,
+// model-167 Xeon VM): at one row the pair kernel read 0.77-0.81 of the bandwidth against the m = 1
+// kernel's 0.82-0.91; at 5 / 6 / 7 rows the single-row kernel 0.62-0.67 / 0.60-0.61 / 0.55-0.62
+// against the tiles' 0.55-0.59 / 0.54-0.60 / 0.54-0.59, at 8 rows 0.53-0.58 against 0.53-0.62, so
+// from 8 rows on the tiles take over.
+inline constexpr int64_t kFp8F16MaxM = 7;
 
 // Which activation form a weight dtype uses at a SIMD level.
 ActKind act_kind_for(DType dtype, SimdLevel level);
@@ -176,8 +178,9 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
                           int64_t r0, int64_t r1);
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1);
-// fp8 weights in fp16 arithmetic (fp8_f16_rows_ok, r0 even): computes the whole pairs of [r0, r1)
-// and returns where they end (r1, or r1 - 1 for an odd count, which the caller computes).
+// fp8 weights in fp16 arithmetic (fp8_f16_rows_ok, r0 even): at 2-4 activation rows computes the
+// whole pairs of [r0, r1) and returns where they end (r1, or r1 - 1 for an odd count, which the
+// caller computes); at 5-7 rows computes every row and returns r1.
 int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                                 bool accumulate, int64_t r0, int64_t r1);
 // AMX BF16 tiles for bf16 and fp8 (VBMI order) weights. A view has xt only where amx_wanted held

@@ -184,15 +184,15 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   WeightView w{DType::kF8E4M3, rows, cols, data.data(), scale.data()};
   for (SimdLevel level : supported_levels()) {
     SimdCap cap(level);
-    for (int64_t m : {1, 6})
+    for (int64_t m : {1, 6, 8})
       check_case(rng, w, Case{rows, cols, m, false, 0, 0}, *pool,
                  describe(w.dtype, level, {rows, cols, m, false, 0, 0}));
   }
   data.data()[3 * cols + 17] = 0x7f;  // NaN in row 3
-  std::vector<float> x = random_floats(rng, 6 * cols), y(6 * rows);
+  std::vector<float> x = random_floats(rng, 8 * cols), y(8 * rows);
   for (SimdLevel level : supported_levels()) {
     SimdCap cap(level);
-    for (int64_t m : {1, 2, 3, 4, 6}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 8}) {
       std::fill(y.begin(), y.end(), 0.0f);  // no NaN left from the previous call
       matmul(w, x.data(), m, y.data(), *pool);
       for (int64_t i = 0; i < m; ++i) {
@@ -204,11 +204,12 @@ TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   }
 }
 
-// fp8 weights at 2-4 activation rows on AVX-512 FP16 CPUs (fp16 arithmetic, activations scaled by
-// powers of two and by each column block's scale): rows of very different magnitudes (products
-// that overflow fp16 without the scaling, or fall below its range), every e4m3 code but NaN,
-// scales spread over a 128-row group, odd block counts (the kernel sums blocks in pairs), odd row
-// counts and second scale groups; the same cases with the fp16 kernel turned off take the bf16
+// fp8 weights at 2-7 activation rows on AVX-512 FP16 CPUs (fp16 arithmetic, activations scaled by
+// powers of two and by each column block's scale; the pair kernel at 2-4 rows, the single-row
+// kernel with interleaved activations at 5-7): rows of very different magnitudes (products that
+// overflow fp16 without the scaling, or fall below its range), every e4m3 code but NaN, scales
+// spread over a 128-row group, odd block counts (the kernels sum blocks in pairs), odd row counts
+// and second scale groups; the same cases with the fp16 kernel turned off take the bf16 or tile
 // path, checked at its own tolerance.
 TEST(Matmul, Fp8F16KernelMatchesReferenceAtEveryActivationScale) {
   if (!matmul_internal::fp8_use_f16(SimdLevel::kAvx512Bf16) || simd_level() < SimdLevel::kAvx512Bf16)
@@ -220,10 +221,11 @@ TEST(Matmul, Fp8F16KernelMatchesReferenceAtEveryActivationScale) {
   const double row_exps[] = {0, 4.5, -4, 30, -30};  // log10 of a row's magnitude
   for (int f16 : {1, 0}) {
     matmul_internal::set_fp8_f16_override(f16);
-    for (int trial = 0; trial < 12; ++trial) {
+    for (int trial = 0; trial < 21; ++trial) {
+      // every activation row count of the fp16 range, three times each
       Case c{rows_list[rng.below(4)],
              cols_list[rng.below(4)],
-             static_cast<int64_t>(2 + rng.below(3)),
+             2 + trial % (matmul_internal::kFp8F16MaxM - 1),
              rng.below(2) == 1,
              static_cast<int64_t>(rng.below(3)),
              static_cast<int64_t>(rng.below(3))};
@@ -259,7 +261,7 @@ TEST(Matmul, Fp8F16GroupsWithWideScaleSpreadStayExact) {
   // group 0: scales 1, 1.37 * 2^-26, 1.91 * 2^-29, 1.13 * 2^-31; group 1: 1, 0, 0.7, 0.3
   const float spread[] = {1.0f, 1.37f * 0x1p-26f, 1.91f * 0x1p-29f, 1.13f * 0x1p-31f, 1.0f, 0.0f, 0.7f, 0.3f};
   for (int i = 0; i < 8; ++i) w.scale[static_cast<size_t>(i)] = spread[i];
-  for (int64_t m = 2; m <= 4; ++m) {
+  for (int64_t m = 2; m <= matmul_internal::kFp8F16MaxM; ++m) {
     std::vector<float> x = random_floats(rng, m * cols);
     for (int64_t i = 0; i < m; ++i)  // every block of group 0 contributes alike
       for (int64_t k = 128; k < cols; ++k) x[static_cast<size_t>(i * cols + k)] /= spread[k / 128];
