@@ -167,10 +167,12 @@ void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t
 
 // Whether the bytes the kernel read since the maxima were cleared held an e4m3 NaN code (0x7f or
 // 0xff).
+inline bool saw_nan(__m512i max_u, __m512i max_s) {
+  return (_mm512_cmpeq_epi8_mask(max_u, _mm512_set1_epi8(static_cast<char>(0xff))) |
+          _mm512_cmpeq_epi8_mask(max_s, _mm512_set1_epi8(0x7f))) != 0;
+}
 inline bool saw_nan(const PairOut& o) {
-  const __m512i u = _mm512_load_si512(o.max_u), s = _mm512_load_si512(o.max_s);
-  return (_mm512_cmpeq_epi8_mask(u, _mm512_set1_epi8(static_cast<char>(0xff))) |
-          _mm512_cmpeq_epi8_mask(s, _mm512_set1_epi8(0x7f))) != 0;
+  return saw_nan(_mm512_load_si512(o.max_u), _mm512_load_si512(o.max_s));
 }
 
 // Weight rows one at a time against M (5..7) fp16 activation rows, in intrinsics (the register plan
@@ -289,6 +291,25 @@ bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, Scal
   return true;
 }
 
+// Rows [g0, g1) of a 128-row group into y from its sums ([weight row - g0][activation row], S per
+// weight row) times each row's factor; when the group's weights held a NaN code, the group on the
+// bf16 path instead, which keeps NaN results (nothing was written yet).
+template <int S>
+void finish_group(bool nan, const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                  int64_t g0, int64_t g1, const float (*sums)[S], const float* factor) {
+  if (nan) {
+    rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+    return;
+  }
+  for (int64_t i = 0; i < x.m; ++i) {
+    float* yi = y + i * ldy;
+    for (int64_t r = g0; r < g1; ++r) {
+      const float v = sums[r - g0][i] * factor[i];
+      yi[r] = accumulate ? yi[r] + v : v;
+    }
+  }
+}
+
 // Rows [r0, r1) at 5..7 activation rows, one weight row at a time (single_kernel).
 int64_t rows_single(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                     int64_t r1, ScaledRows& sr) {
@@ -326,19 +347,7 @@ int64_t rows_single(const WeightView& w, const ActView& x, float* y, int64_t ldy
       _mm_store_ps(sums[r - g0], hsum4(tot[0], tot[1], tot[2], tot[3]));
       _mm_store_ps(sums[r - g0] + 4, hsum4(tot[4], tot[5], tot[6], tot[7]));
     }
-    const bool nan = (_mm512_cmpeq_epi8_mask(max_u, _mm512_set1_epi8(static_cast<char>(0xff))) |
-                      _mm512_cmpeq_epi8_mask(max_s, _mm512_set1_epi8(0x7f))) != 0;
-    if (nan) {  // keep NaN results: the group on the bf16 path (nothing written yet)
-      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
-      continue;
-    }
-    for (int i = 0; i < mi; ++i) {
-      float* yi = y + i * ldy;
-      for (int64_t r = g0; r < g1; ++r) {
-        const float v = sums[r - g0][i] * sr.factor[i];
-        yi[r] = accumulate ? yi[r] + v : v;
-      }
-    }
+    finish_group(saw_nan(max_u, max_s), w, x, y, ldy, accumulate, g0, g1, sums, sr.factor);
   }
   return r1;
 }
@@ -379,17 +388,7 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
       _mm_store_ps(sums[r - g0], hsum4(t(0, 0), t(0, 1), t(0, 2), t(0, 3)));
       _mm_store_ps(sums[r - g0 + 1], hsum4(t(1, 0), t(1, 1), t(1, 2), t(1, 3)));
     }
-    if (saw_nan(out)) {  // keep NaN results: the group on the bf16 path (nothing written yet)
-      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
-      continue;
-    }
-    for (int i = 0; i < mi; ++i) {
-      float* yi = y + i * ldy;
-      for (int64_t r = g0; r < g1; ++r) {
-        const float v = sums[r - g0][i] * sr.factor[i];
-        yi[r] = accumulate ? yi[r] + v : v;
-      }
-    }
+    finish_group(saw_nan(out), w, x, y, ldy, accumulate, g0, g1, sums, sr.factor);
   }
   return re;
 }
