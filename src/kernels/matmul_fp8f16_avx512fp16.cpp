@@ -122,6 +122,9 @@ namespace {
       "xmm25", "xmm26", "xmm28", "xmm29", "xmm30", "cc", "memory"
 // clang-format on
 
+// The pair kernel's activation rows at most (its register plan); single_kernel takes more.
+constexpr int64_t kPairMaxM = 4;
+
 // Output of the pair kernel: per-lane fp32 totals [weight row][activation row][16] (zero for rows
 // beyond m), then the byte maxima of the weights read (unsigned, signed), which the kernel updates
 // (the caller clears them once per weight group).
@@ -247,8 +250,8 @@ void single_kernel(const uint8_t* w, int64_t K, const uint16_t* x, const uint8_t
 // [1/2, 1), in fp32, rounded to fp16. factor[i] turns row i's sums back: f16_unscale[i] * 2^-t.
 // False (nothing written) when a scale is not finite or a nonzero one is below 2^-14 after the
 // power of two.
-// Rows are [m][K] for the pair kernel (m <= 4) and interleaved per 32 columns, [K / 32][m][32], for
-// single_kernel (m > 4).
+// Rows are [m][K] for the pair kernel (m <= kPairMaxM) and interleaved per 32 columns,
+// [K / 32][m][32], for single_kernel (more rows).
 struct ScaledRows {
   Buffer x;  // 64-byte aligned
   float factor[8] = {};
@@ -283,7 +286,7 @@ bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, Scal
                                            _MM_FROUND_TO_NEAREST_INT);
         const __m256i hi = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtxph_ps(_mm256_loadu_ph(xi + 16)), s),
                                            _MM_FROUND_TO_NEAREST_INT);
-        uint16_t* o = out.x.as<uint16_t>() + (m <= 4 ? i * K + col : (col / 32 * m + i) * 32);
+        uint16_t* o = out.x.as<uint16_t>() + (m <= kPairMaxM ? i * K + col : (col / 32 * m + i) * 32);
         _mm512_store_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
       }
     }
@@ -291,21 +294,27 @@ bool scale_rows(const ActView& a, int64_t m, int64_t K, const float* scale, Scal
   return true;
 }
 
-// Rows [g0, g1) of a 128-row group into y from its sums ([weight row - g0][activation row], S per
-// weight row) times each row's factor; when the group's weights held a NaN code, the group on the
-// bf16 path instead, which keeps NaN results (nothing was written yet).
-template <int S>
-void finish_group(bool nan, const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
-                  int64_t g0, int64_t g1, const float (*sums)[S], const float* factor) {
-  if (nan) {
-    rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
-    return;
-  }
-  for (int64_t i = 0; i < x.m; ++i) {
-    float* yi = y + i * ldy;
-    for (int64_t r = g0; r < g1; ++r) {
-      const float v = sums[r - g0][i] * factor[i];
-      yi[r] = accumulate ? yi[r] + v : v;
+// Runs rows [r0, r1) by 128-row scale groups: scale_rows, then group(g0, g1, sums), which fills
+// sums ([weight row - g0][activation row]) and returns whether the weights held a NaN code, then
+// the sums times each row's factor into y. A group whose activations cannot be scaled, or whose
+// weights held a NaN code, runs on the bf16 path instead (which keeps NaN results; nothing of the
+// group was written yet).
+template <int S, typename Group>
+void over_groups(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                 int64_t r1, ScaledRows& sr, Group&& group) {
+  alignas(64) float sums[128][S];
+  for (int64_t g0 = r0; g0 < r1; g0 = (g0 / 128 + 1) * 128) {
+    const int64_t g1 = std::min(r1, (g0 / 128 + 1) * 128);
+    if (!scale_rows(x, x.m, w.cols, fp8_scale_row(w, g0), sr) || group(g0, g1, sums)) {
+      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
+      continue;
+    }
+    for (int64_t i = 0; i < x.m; ++i) {
+      float* yi = y + i * ldy;
+      for (int64_t r = g0; r < g1; ++r) {
+        const float v = sums[r - g0][i] * sr.factor[i];
+        yi[r] = accumulate ? yi[r] + v : v;
+      }
     }
   }
 }
@@ -319,13 +328,7 @@ int64_t rows_single(const WeightView& w, const ActView& x, float* y, int64_t ldy
   constexpr int64_t kAhead = 1, kFar = 8;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * K);
   const uint16_t* xs = sr.x.as<uint16_t>();
-  alignas(64) float sums[128][8];  // a group's results, [weight row - g0][activation row]
-  for (int64_t g0 = r0; g0 < r1; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
-    const int64_t g1 = std::min(r1, (g0 / 128 + 1) * 128);
-    if (!scale_rows(x, m, K, fp8_scale_row(w, g0), sr)) {
-      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
-      continue;
-    }
+  over_groups<8>(w, x, y, ldy, accumulate, r0, r1, sr, [&](int64_t g0, int64_t g1, float(*sums)[8]) {
     __m512i max_u = _mm512_setzero_si512(), max_s = _mm512_setzero_si512();
     __m512 tot[8];
     for (int64_t r = g0; r < g1; ++r) {
@@ -347,8 +350,8 @@ int64_t rows_single(const WeightView& w, const ActView& x, float* y, int64_t ldy
       _mm_store_ps(sums[r - g0], hsum4(tot[0], tot[1], tot[2], tot[3]));
       _mm_store_ps(sums[r - g0] + 4, hsum4(tot[4], tot[5], tot[6], tot[7]));
     }
-    finish_group(saw_nan(max_u, max_s), w, x, y, ldy, accumulate, g0, g1, sums, sr.factor);
-  }
+    return saw_nan(max_u, max_s);
+  });
   return r1;
 }
 
@@ -362,7 +365,7 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
   const int mi = static_cast<int>(m);
   thread_local ScaledRows sr;
   sr.reserve(m, K);
-  if (m > 4) return rows_single(w, x, y, ldy, accumulate, r0, r1, sr);
+  if (m > kPairMaxM) return rows_single(w, x, y, ldy, accumulate, r0, r1, sr);
   const int64_t re = r0 + (r1 - r0) / 2 * 2;  // whole pairs; the caller takes a last odd row
   // the next pair into L1 and the rows kFar ahead into L2, both while this pair is read
   // (from memory, m = 2-4: 2 and 8 rows ahead read like 4 / 8, 4 / 12, 4 / 16 and 2 / 16, except m =
@@ -370,13 +373,7 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
   constexpr int64_t kAhead = 2, kFar = 8;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, re - r0) * K);
   PairOut out;
-  alignas(16) float sums[128][4];  // a group's results, [weight row - g0][activation row]
-  for (int64_t g0 = r0; g0 < re; g0 = (g0 / 128 + 1) * 128) {  // 128-row scale groups
-    const int64_t g1 = std::min(re, (g0 / 128 + 1) * 128);
-    if (!scale_rows(x, m, K, fp8_scale_row(w, g0), sr)) {
-      rows_fp8_vbmi_avx512bf16(w, x, y, ldy, accumulate, g0, g1);
-      continue;
-    }
+  over_groups<4>(w, x, y, ldy, accumulate, r0, re, sr, [&](int64_t g0, int64_t g1, float(*sums)[4]) {
     std::memset(out.max_u, 0, sizeof(out.max_u));
     std::memset(out.max_s, 0, sizeof(out.max_s));
     for (int64_t r = g0; r < g1; r += 2) {
@@ -388,8 +385,8 @@ int64_t rows_fp8_f16_avx512fp16(const WeightView& w, const ActView& x, float* y,
       _mm_store_ps(sums[r - g0], hsum4(t(0, 0), t(0, 1), t(0, 2), t(0, 3)));
       _mm_store_ps(sums[r - g0 + 1], hsum4(t(1, 0), t(1, 1), t(1, 2), t(1, 3)));
     }
-    finish_group(saw_nan(out), w, x, y, ldy, accumulate, g0, g1, sums, sr.factor);
-  }
+    return saw_nan(out);
+  });
   return re;
 }
 
