@@ -54,25 +54,46 @@ void gemm_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, boo
                int64_t r1) {
   alignas(64) typename T::Panel panel;
   const int64_t kc_step = T::kc_step(w);
+  // The next block's requests go out a share before each micro-kernel call of this block
+  // instead of in one burst before packing: the burst (128 lines for an fp8 panel) queued behind the
+  // core's few line-fill buffers and stalled the packing and products behind it until most of the
+  // block had arrived. Spread, the lines arrive under the products: on the AMD EPYC (Zen 5) VM,
+  // two threads from memory, `bench gemm --n 1408 --k 2048 --ab`, fp8 at m = 24 / 32 / 48 / 64
+  // 1.40 / 1.38 / 1.32 / 1.33x, bf16 and q8_0 at m = 32 1.12 / 1.14x, m = 512 1.01-1.04x
+  // (docs/PERFORMANCE.md, "The GEMM's next block requested under its products").
+  const int64_t calls = (x.m + T::kMR - 1) / T::kMR;
   for (int64_t n0 = r0; n0 < r1; n0 += T::kNR) {
     const int64_t nr = std::min<int64_t>(T::kNR, r1 - n0);
     for (int64_t k0 = 0; k0 < w.cols; k0 += kc_step) {
       const int64_t kc = std::min(kc_step, w.cols - k0);
       // the block after this one: the next k-block of this panel, or the first of the next panel
+      int64_t pn0 = n0, pnr = 0, pk0 = k0 + kc, pkc = 0;
       if (k0 + kc < w.cols) {
-        prefetch_panel_block(w, n0, nr, k0 + kc, std::min(kc_step, w.cols - k0 - kc));
+        pnr = nr;
+        pkc = std::min(kc_step, w.cols - k0 - kc);
       } else if (n0 + T::kNR < r1) {
-        prefetch_panel_block(w, n0 + T::kNR, std::min<int64_t>(T::kNR, r1 - n0 - T::kNR), 0,
-                             std::min(kc_step, w.cols));
+        pn0 = n0 + T::kNR;
+        pnr = std::min<int64_t>(T::kNR, r1 - pn0);
+        pk0 = 0;
+        pkc = std::min(kc_step, w.cols);
       }
+      if (calls < 2) prefetch_panel_block(w, pn0, pnr, pk0, pkc);
       T::pack(w, n0, nr, k0, kc, panel);
       const bool overwrite = !accumulate && k0 == 0;
-      int64_t m0 = 0;
-      for (; m0 + T::kMR <= x.m; m0 += T::kMR) {
-        T::template micro<T::kMR>(x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
+      // the rows in calls of at most kMR, split evenly (32 rows at kMR = 5: 4, 4, 4, 5, 5, 5, 5, not a
+      // last call of 2 whose few sums leave the FMA pipes idle: 1.14 / 1.06 / 1.02x at m = 17 / 24 /
+      // 32 from memory, two threads), each preceded by its share of the next block's requests
+      int64_t m0 = 0, requested = 0;
+      for (int64_t call = 0; call < calls; ++call) {
+        const int64_t rows = (x.m - m0) / (calls - call);
+        if (calls >= 2) {  // rows [requested, (call + 1) * pnr / calls) of the next block
+          const int64_t upto = (call + 1) * pnr / calls;
+          prefetch_panel_block(w, pn0 + requested, upto - requested, pk0, pkc);
+          requested = upto;
+        }
+        micro_tail<T, T::kMR>(rows, x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
+        m0 += rows;
       }
-      if (m0 < x.m)
-        micro_tail<T, T::kMR - 1>(x.m - m0, x, m0, k0, kc, panel, y + m0 * ldy + n0, ldy, nr, overwrite);
     }
   }
 }
