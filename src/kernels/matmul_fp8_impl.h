@@ -22,6 +22,7 @@
 
 #include <cstring>
 
+#include "base/cpu.h"
 #include "kernels/matmul_gemm_impl.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/simd_avx512_impl.h"
@@ -160,19 +161,28 @@ void fp8_mv_chunk(const Conv& conv, const WeightView& w, const uint16_t* xb, int
 inline constexpr int64_t kFp8FarRowsMatvec = 16;
 inline constexpr int64_t kFp8FarRowsPair = 8;
 
+// The m = 1 kernel's L1 distance in weight rows (whole groups of four), by machine kind: on the
+// Xeons (AMX, model 167) one group ahead, with the rows kFp8FarRowsMatvec ahead requested into L2,
+// made `bench moe --ab` 1.13x faster at one token than four groups and 32 rows and the engine's
+// single-stream decode step 1.07x (docs/PERFORMANCE.md, "m = 1 prefetch distances from memory");
+// on the AMD EPYC (Zen 5) VM two groups made the single-stream decode step 1.04-1.10x faster than
+// one in three runs (`bench serve --concurrency 1 --ab`; three groups alike, less with the L2
+// requests at 32 rows: "m = 1 prefetch distances on Zen 5" there).
+inline int64_t fp8_matvec_ahead_rows() {
+  static const int64_t rows = cpu_features().vendor == "AuthenticAMD" ? 8 : 4;
+  return rows;
+}
+
 // m = 1: four weight rows at a time, two accumulation chains each.
 template <class Conv>
 void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                      int64_t r0, int64_t r1) {
   const Conv conv;
   constexpr int R = 4;
-  // The next group is prefetched into L1 and the rows kFp8FarRowsMatvec ahead into L2 (see there).
-  // Before the L2 requests, 4 groups ahead into L1 was the best (1 group left a V2-Lite FP8 decode
-  // step 3.8% slower); with them, 1 group and 16 rows made `bench moe --ab` 1.13x faster at one
-  // token than 4 groups and 32 rows, and the engine's single-stream decode step 1.07x
-  // (docs/PERFORMANCE.md, "m = 1 prefetch distances from memory").
-  constexpr int64_t kAhead = R, kFar = kFp8FarRowsMatvec;
-  static_assert(kFar > kAhead && kFar % R == 0);
+  // The groups fp8_matvec_ahead_rows ahead are prefetched into L1 and the rows kFp8FarRowsMatvec
+  // ahead into L2 (see there).
+  const int64_t kAhead = fp8_matvec_ahead_rows();
+  constexpr int64_t kFar = kFp8FarRowsMatvec;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(kAhead, r1 - r0) * w.cols);
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
