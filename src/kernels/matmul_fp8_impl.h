@@ -11,7 +11,8 @@
 //    fp16 kernel of matmul_fp8f16_avx512fp16.cpp instead, and on AMX CPUs 5-16 the tiles), two
 //    weight rows against chunks of up to four
 //    activation rows (fp8_mv_rows; with the VBMI converter and whole 128-column blocks, through
-//    its assembly pair kernel, fp8_pair). m = 2 went through fp8_matvec_rows<2> before, whose
+//    its assembly pair kernel, fp8_pair, and chunks of up to five, five rows through
+//    pair_kernel5). m = 2 went through fp8_matvec_rows<2> before, whose
 //    one-thread cache-resident ceiling was half of fp8_mv_rows' (17.8 against 35.1 GB/s, `bench
 //    gemm --dtype fp8 --m 2 --n 1408 --k 2048 --ceiling`).
 //  - m > 16: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
@@ -199,7 +200,8 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
 // (0.14-0.23 of the read bandwidth).
 inline constexpr int64_t kChunk = 4;
 
-// One chunk of mc (1..kChunk) activation rows starting at row m0, against weight rows [r, r + R).
+// One chunk of mc (1..kChunk, or 5 for fp8_mv_rows' five-row chunks) activation rows starting at row m0,
+// against weight rows [r, r + R).
 template <class Conv, int R>
 void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
                       bool accumulate, int64_t r, int64_t m0, int mc, AheadRows next, AheadRows far) {
@@ -215,9 +217,12 @@ void fp8_mv_chunk_any(const Conv& conv, const WeightView& w, const ActView& x, f
     case 3:
       fp8_mv_chunk<Conv, R, 3>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
-    default:
-      static_assert(kChunk == 4);
+    case 4:
       fp8_mv_chunk<Conv, R, 4>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
+      break;
+    default:  // the last odd row of a five-row chunk (fp8_mv_rows with pair_kernel5)
+      CHECK(mc == 5);
+      fp8_mv_chunk<Conv, R, 5>(conv, w, xb, x.stride, yc, ldy, accumulate, r, next, far);
       break;
   }
 }
@@ -253,6 +258,26 @@ void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
   }
 }
 
+// Converters whose pair kernel also takes five activation rows at once (Conv::pair_kernel5).
+template <class Conv>
+concept HasPairKernel5 = Conv::kPairRows5 == 5;
+
+// fp8_pair for exactly five activation rows.
+template <class Conv>
+void fp8_pair5(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+               int64_t m0, const uint8_t* pf, const uint8_t* far) {
+  alignas(64) float tot[2][5][16];
+  Conv::pair_kernel5(fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf, far,
+                     &tot[0][0][0]);
+  for (int i = 0; i < 5; ++i) {
+    float* yr = y + (m0 + i) * ldy + r;
+    const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot[0][i]));
+    const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(tot[1][i]));
+    yr[0] = accumulate ? yr[0] + s0 : s0;
+    yr[1] = accumulate ? yr[1] + s1 : s1;
+  }
+}
+
 template <class Conv>
 void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                  int64_t r1) {
@@ -261,7 +286,11 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   [[maybe_unused]] const bool pairs = HasPairKernel<Conv> && w.cols % 128 == 0 && r0 % 2 == 0;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(2 * R, r1 - r0) * w.cols);  // the first two groups
   const int64_t m = x.m;
-  const int64_t n_chunks = (m + kChunk - 1) / kChunk;
+  // with the five-row kernel, chunks of at most five (5 -> 5, 9 -> 4 + 5, 10 -> 5 + 5, 13 -> 4 + 4 +
+  // 5; 6-8, 11, 12 and 16 split as before)
+  bool five = false;
+  if constexpr (HasPairKernel5<Conv>) five = pairs;
+  const int64_t n_chunks = five ? (m + 4) / 5 : (m + kChunk - 1) / kChunk;
   for (int64_t rb = r0; rb < r1; rb += kMvBlockRows) {
     const int64_t re = std::min(r1, rb + kMvBlockRows);
     int64_t m0 = 0;
@@ -272,6 +301,13 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
         // the first chunk's sweep reads the rows from memory; later chunks find them in L1
         const AheadRows next = c == 0 ? rows_ahead(w, r + 2 * R, r1, R) : AheadRows{},
                         far = c == 0 ? rows_ahead(w, r + kFp8FarRowsPair, r1, R) : AheadRows{};
+        if constexpr (HasPairKernel5<Conv>) {
+          if (five && mc == 5) {
+            fp8_pair5<Conv>(w, x, y, ldy, accumulate, r, m0, next.n == R ? next.p : fp8_row(w, r),
+                            far.n == R ? far.p : fp8_row(w, r));
+            continue;
+          }
+        }
         if constexpr (HasPairKernel<Conv>) {
           if (pairs) {  // the pair kernel takes two whole rows each (these rows again when there are none)
             fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, next.n == R ? next.p : fp8_row(w, r),

@@ -29,6 +29,10 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   static constexpr bool kPairKernel = true;
   static void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
                           const float* scale, const uint8_t* pf, const uint8_t* far, float* tot);
+  // The same for exactly five activation rows (kPairRows5 of them): tot is [2][5][16].
+  static constexpr int kPairRows5 = 5;
+  static void pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs, const float* scale,
+                           const uint8_t* pf, const uint8_t* far, float* tot);
 };
 
 // Register plan of fp8_pair_kernel: zmm0-7 the current block's sums, zmm(4i + m) for weight row i
@@ -138,6 +142,95 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
       return;
   }
 #undef F8_PAIR_ASM
+}
+
+// Register plan of pair_kernel5: zmm0-4 the current block's sums of weight row 0 against
+// activation rows 0-4, zmm5-9 those of row 1, zmm10-19 the scaled totals in the same order,
+// zmm20-23 the converted halves (a0 b0 a1 b1), zmm24/25 one activation row's a and b parts,
+// zmm26/27 scratch, zmm28-31 the byte tables: all 32 registers, so the sign mask and the block
+// scale are broadcast from memory operands. Five rows in one chunk, instead of chunks of two and
+// three, convert each weight once instead of twice and keep ten product chains in flight instead
+// of four and six (docs/PERFORMANCE.md, "Five activation rows per fp8 pair").
+// clang-format off
+#define F8_CONV5(W, A, B)                                 \
+  "vmovdqu8 " W ", %%zmm26\n\t"                           \
+  "vmovdqa64 %%zmm26, %%zmm27\n\t"                        \
+  "vpermi2b %%zmm31, %%zmm30, %%zmm27\n\t"                \
+  "vpternlogd $0xf8, %[sign]%{1to16%}, %%zmm26, %%zmm27\n\t" \
+  "vpermi2b %%zmm29, %%zmm28, %%zmm26\n\t"                \
+  "vpunpcklbw %%zmm27, %%zmm26, %%" A "\n\t"              \
+  "vpunpckhbw %%zmm27, %%zmm26, %%" B "\n\t"
+#define F8_DP5ROW(H, XP, ACC0, ACC1)                      \
+  "vmovdqu16 " H "(%[" XP "],%[k],2), %%zmm24\n\t"        \
+  "vmovdqu16 " H "+64(%[" XP "],%[k],2), %%zmm25\n\t"     \
+  "vdpbf16ps %%zmm24, %%zmm20, %%" ACC0 "\n\t"            \
+  "vdpbf16ps %%zmm24, %%zmm22, %%" ACC1 "\n\t"            \
+  "vdpbf16ps %%zmm25, %%zmm21, %%" ACC0 "\n\t"            \
+  "vdpbf16ps %%zmm25, %%zmm23, %%" ACC1 "\n\t"
+#define F8_DP5(H)                                                                                          \
+  F8_DP5ROW(H, "x0", "zmm0", "zmm5") F8_DP5ROW(H, "x1", "zmm1", "zmm6") F8_DP5ROW(H, "x2", "zmm2", "zmm7") \
+      F8_DP5ROW(H, "x3", "zmm3", "zmm8") F8_DP5ROW(H, "x4", "zmm4", "zmm9")
+#define F8_SFMA(A, T) "vfmadd231ps (%[s])%{1to16%}, %%" A ", %%" T "\n\t"
+#define F8_SFMA5                                                                                        \
+  F8_SFMA("zmm0", "zmm10") F8_SFMA("zmm1", "zmm11") F8_SFMA("zmm2", "zmm12") F8_SFMA("zmm3", "zmm13")   \
+      F8_SFMA("zmm4", "zmm14") F8_SFMA("zmm5", "zmm15") F8_SFMA("zmm6", "zmm16") F8_SFMA("zmm7", "zmm17") \
+          F8_SFMA("zmm8", "zmm18") F8_SFMA("zmm9", "zmm19")
+#define F8_PAIR5_LOOP                                                                                   \
+  "vmovdqa64 %[t0], %%zmm28\n\t"                                                                       \
+  "vmovdqa64 %[t1], %%zmm29\n\t"                                                                       \
+  "vmovdqa64 %[t2], %%zmm30\n\t"                                                                       \
+  "vmovdqa64 %[t3], %%zmm31\n\t"                                                                       \
+  F8_ZERO8("zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17")                      \
+  F8_ZERO("zmm18") F8_ZERO("zmm19")                                                                    \
+  "1:\n\t"                                                                                             \
+  F8_ZERO8("zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7") F8_ZERO("zmm8") F8_ZERO("zmm9") \
+  "prefetcht0 (%[p0],%[k])\n\t"                                                                        \
+  "prefetcht0 (%[p1],%[k])\n\t"                                                                        \
+  "prefetcht1 (%[f0],%[k])\n\t"                                                                        \
+  "prefetcht1 (%[f1],%[k])\n\t"                                                                        \
+  F8_CONV5("(%[w0],%[k])", "zmm20", "zmm21")                                                           \
+  F8_CONV5("(%[w1],%[k])", "zmm22", "zmm23") F8_DP5("0")                                               \
+  "prefetcht0 64(%[p0],%[k])\n\t"                                                                      \
+  "prefetcht0 64(%[p1],%[k])\n\t"                                                                      \
+  "prefetcht1 64(%[f0],%[k])\n\t"                                                                      \
+  "prefetcht1 64(%[f1],%[k])\n\t"                                                                      \
+  F8_CONV5("64(%[w0],%[k])", "zmm20", "zmm21")                                                         \
+  F8_CONV5("64(%[w1],%[k])", "zmm22", "zmm23") F8_DP5("128")                                           \
+  F8_SFMA5                                                                                             \
+  "add $4, %[s]\n\t"                                                                                   \
+  "add $128, %[k]\n\t"                                                                                 \
+  "jnz 1b\n\t"                                                                                         \
+  "vmovaps %%zmm10, %[o0]\n\t"                                                                         \
+  "vmovaps %%zmm11, %[o1]\n\t"                                                                         \
+  "vmovaps %%zmm12, %[o2]\n\t"                                                                         \
+  "vmovaps %%zmm13, %[o3]\n\t"                                                                         \
+  "vmovaps %%zmm14, %[o4]\n\t"                                                                         \
+  "vmovaps %%zmm15, %[o5]\n\t"                                                                         \
+  "vmovaps %%zmm16, %[o6]\n\t"                                                                         \
+  "vmovaps %%zmm17, %[o7]\n\t"                                                                         \
+  "vmovaps %%zmm18, %[o8]\n\t"                                                                         \
+  "vmovaps %%zmm19, %[o9]\n\t"
+// clang-format on
+
+void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
+                               const float* scale, const uint8_t* pf, const uint8_t* far, float* tot) {
+  int64_t k = -K;
+  const Fp8PairEnds e(4, w0, K, x, xs, pf, far);  // bf16 rows are indexed by 2 * k bytes
+  const uint16_t* x4 = e.x0 + 4 * xs;
+  const float* s = scale;
+  static const uint32_t sign = 0x80808080u;
+  const auto* t = reinterpret_cast<const __m512i*>(kByteTables.lo);  // lo[128] then hi[128]
+  auto* o = reinterpret_cast<__m512*>(tot);                          // [2][5] totals
+  asm volatile(
+      F8_PAIR5_LOOP
+      : [k] "+r"(k), [s] "+r"(s), [o0] "=m"(o[0]), [o1] "=m"(o[1]), [o2] "=m"(o[2]), [o3] "=m"(o[3]),
+        [o4] "=m"(o[4]), [o5] "=m"(o[5]), [o6] "=m"(o[6]), [o7] "=m"(o[7]), [o8] "=m"(o[8]), [o9] "=m"(o[9])
+      : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), [x1] "r"(e.x1),
+        [x2] "r"(e.x2), [x3] "r"(e.x3), [x4] "r"(x4), [f0] "r"(e.f0), [f1] "r"(e.f1), [t0] "m"(t[0]),
+        [t1] "m"(t[1]), [t2] "m"(t[2]), [t3] "m"(t[3]), [sign] "m"(sign)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+        "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
 }
 
 }  // namespace
