@@ -77,6 +77,17 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 #define F8_ZERO8(A, B, C, D, E, F, G, H) \
   F8_ZERO(A) F8_ZERO(B) F8_ZERO(C) F8_ZERO(D) F8_ZERO(E) F8_ZERO(F) F8_ZERO(G) F8_ZERO(H)
 #define F8_STORE(R, OFF) "vmovaps %%" R ", " OFF "(%[tot])\n\t"
+// The same two lines of the next rows into L1 and of the far rows into L2, at byte offset OFF.
+#define F8_PREFETCH(OFF)                    \
+  "prefetcht0 " OFF "(%[p0],%[k])\n\t"      \
+  "prefetcht0 " OFF "(%[p1],%[k])\n\t"      \
+  "prefetcht1 " OFF "(%[f0],%[k])\n\t"      \
+  "prefetcht1 " OFF "(%[f1],%[k])\n\t"
+// A 128-column block's requests, conversions (CONV into A0 B0 for weight row 0, A1 B1 for row 1)
+// and products (DP), a 64-column half at a time; shared by both pair kernels.
+#define F8_BLOCK(CONV, DP, A0, B0, A1, B1)                                                       \
+  F8_PREFETCH("") CONV("(%[w0],%[k])", A0, B0) CONV("(%[w1],%[k])", A1, B1) DP("0")              \
+  F8_PREFETCH("64") CONV("64(%[w0],%[k])", A0, B0) CONV("64(%[w1],%[k])", A1, B1) DP("128")
 // One 128-column block per iteration: prefetch the same two lines of the next rows into L1 and of
 // the far rows into L2, convert and dot each 64-column half, then add the block's sums times its
 // scale to the totals.
@@ -89,18 +100,7 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   F8_ZERO8("zmm8", "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15")       \
   "1:\n\t"                                                                             \
   F8_ZERO8("zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7")             \
-  "prefetcht0 (%[p0],%[k])\n\t"                                                       \
-  "prefetcht0 (%[p1],%[k])\n\t"                                                       \
-  "prefetcht1 (%[f0],%[k])\n\t"                                                       \
-  "prefetcht1 (%[f1],%[k])\n\t"                                                       \
-  F8_CONV("(%[w0],%[k])", "zmm16", "zmm17")                                            \
-  F8_CONV("(%[w1],%[k])", "zmm18", "zmm19") DP("0")                                    \
-  "prefetcht0 64(%[p0],%[k])\n\t"                                                     \
-  "prefetcht0 64(%[p1],%[k])\n\t"                                                     \
-  "prefetcht1 64(%[f0],%[k])\n\t"                                                     \
-  "prefetcht1 64(%[f1],%[k])\n\t"                                                     \
-  F8_CONV("64(%[w0],%[k])", "zmm16", "zmm17")                                          \
-  F8_CONV("64(%[w1],%[k])", "zmm18", "zmm19") DP("128")                                \
+  F8_BLOCK(F8_CONV, DP, "zmm16", "zmm17", "zmm18", "zmm19")                             \
   "vbroadcastss (%[s]), %%zmm24\n\t" FMA                                               \
   "add $4, %[s]\n\t"                                                                   \
   "add $128, %[k]\n\t"                                                                 \
@@ -184,18 +184,7 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   F8_ZERO("zmm18") F8_ZERO("zmm19")                                                                    \
   "1:\n\t"                                                                                             \
   F8_ZERO8("zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7") F8_ZERO("zmm8") F8_ZERO("zmm9") \
-  "prefetcht0 (%[p0],%[k])\n\t"                                                                        \
-  "prefetcht0 (%[p1],%[k])\n\t"                                                                        \
-  "prefetcht1 (%[f0],%[k])\n\t"                                                                        \
-  "prefetcht1 (%[f1],%[k])\n\t"                                                                        \
-  F8_CONV5("(%[w0],%[k])", "zmm20", "zmm21")                                                           \
-  F8_CONV5("(%[w1],%[k])", "zmm22", "zmm23") F8_DP5("0")                                               \
-  "prefetcht0 64(%[p0],%[k])\n\t"                                                                      \
-  "prefetcht0 64(%[p1],%[k])\n\t"                                                                      \
-  "prefetcht1 64(%[f0],%[k])\n\t"                                                                      \
-  "prefetcht1 64(%[f1],%[k])\n\t"                                                                      \
-  F8_CONV5("64(%[w0],%[k])", "zmm20", "zmm21")                                                         \
-  F8_CONV5("64(%[w1],%[k])", "zmm22", "zmm23") F8_DP5("128")                                           \
+  F8_BLOCK(F8_CONV5, F8_DP5, "zmm20", "zmm21", "zmm22", "zmm23")                                      \
   F8_SFMA5                                                                                             \
   "add $4, %[s]\n\t"                                                                                   \
   "add $128, %[k]\n\t"                                                                                 \
