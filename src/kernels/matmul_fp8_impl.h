@@ -237,42 +237,35 @@ inline constexpr int64_t kMvBlockRows = 8;
 template <class Conv>
 concept HasPairKernel = Conv::kPairKernel;
 
-// Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel, which
-// leaves per-lane totals to reduce here; pf, pf + K: the rows to prefetch into L1, far, far + K:
-// the rows to request into L2 (these rows again when there are none). r is even, so r + 1 starts
-// no 128-row group and both rows share a scale row. (An earlier try at L2 requests, the rows 16
-// ahead as a burst before each pair, made batched decode steps 5.6% slower; these far requests,
-// spread over the loop, came with steps 1.05-1.10x faster: docs/PERFORMANCE.md, "Serving".)
-template <class Conv>
-void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
-              int64_t m0, int mc, const uint8_t* pf, const uint8_t* far) {
-  alignas(64) float tot[2][kChunk][16];
-  Conv::pair_kernel(mc, fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf, far,
-                    &tot[0][0][0]);
-  for (int i = 0; i < mc; ++i) {
-    float* yr = y + (m0 + i) * ldy + r;
-    const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot[0][i]));
-    const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(tot[1][i]));
-    yr[0] = accumulate ? yr[0] + s0 : s0;
-    yr[1] = accumulate ? yr[1] + s1 : s1;
-  }
-}
-
 // Converters whose pair kernel also takes five activation rows at once (Conv::pair_kernel5).
 template <class Conv>
 concept HasPairKernel5 = Conv::kPairRows5 == 5;
 
-// fp8_pair for exactly five activation rows.
+// Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel (mc <=
+// kChunk) or Conv::pair_kernel5 (mc = 5), which leave per-lane totals ([2][mc's kernel rows][16])
+// to reduce here; pf, pf + K: the rows to prefetch into L1, far, far + K: the rows to request into
+// L2 (these rows again when there are none). r is even, so r + 1 starts no 128-row group and both
+// rows share a scale row. (An earlier try at L2 requests, the rows 16 ahead as a burst before each
+// pair, made batched decode steps 5.6% slower; these far requests, spread over the loop, came with
+// steps 1.05-1.10x faster: docs/PERFORMANCE.md, "Serving".)
 template <class Conv>
-void fp8_pair5(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
-               int64_t m0, const uint8_t* pf, const uint8_t* far) {
-  alignas(64) float tot[2][5][16];
-  Conv::pair_kernel5(fp8_row(w, r), w.cols, x.bf16 + m0 * x.stride, x.stride, fp8_scale_row(w, r), pf, far,
-                     &tot[0][0][0]);
-  for (int i = 0; i < 5; ++i) {
+void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+              int64_t m0, int mc, const uint8_t* pf, const uint8_t* far) {
+  alignas(64) float tot[2 * 5 * 16];
+  int rows = kChunk;  // activation rows per weight row in tot
+  const uint16_t* xb = x.bf16 + m0 * x.stride;
+  if constexpr (HasPairKernel5<Conv>) {
+    if (mc == 5) {
+      Conv::pair_kernel5(fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, tot);
+      rows = 5;
+    }
+  }
+  if (rows == kChunk)
+    Conv::pair_kernel(mc, fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, tot);
+  for (int i = 0; i < mc; ++i) {
     float* yr = y + (m0 + i) * ldy + r;
-    const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot[0][i]));
-    const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(tot[1][i]));
+    const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot + i * 16));
+    const float s1 = _mm512_reduce_add_ps(_mm512_load_ps(tot + (rows + i) * 16));
     yr[0] = accumulate ? yr[0] + s0 : s0;
     yr[1] = accumulate ? yr[1] + s1 : s1;
   }
@@ -288,8 +281,7 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   const int64_t m = x.m;
   // with the five-row kernel, chunks of at most five (5 -> 5, 9 -> 4 + 5, 10 -> 5 + 5, 13 -> 4 + 4 +
   // 5; 6-8, 11, 12 and 16 split as before)
-  bool five = false;
-  if constexpr (HasPairKernel5<Conv>) five = pairs;
+  const bool five = HasPairKernel5<Conv> && pairs;
   const int64_t n_chunks = five ? (m + 4) / 5 : (m + kChunk - 1) / kChunk;
   for (int64_t rb = r0; rb < r1; rb += kMvBlockRows) {
     const int64_t re = std::min(r1, rb + kMvBlockRows);
@@ -301,13 +293,6 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
         // the first chunk's sweep reads the rows from memory; later chunks find them in L1
         const AheadRows next = c == 0 ? rows_ahead(w, r + 2 * R, r1, R) : AheadRows{},
                         far = c == 0 ? rows_ahead(w, r + kFp8FarRowsPair, r1, R) : AheadRows{};
-        if constexpr (HasPairKernel5<Conv>) {
-          if (five && mc == 5) {
-            fp8_pair5<Conv>(w, x, y, ldy, accumulate, r, m0, next.n == R ? next.p : fp8_row(w, r),
-                            far.n == R ? far.p : fp8_row(w, r));
-            continue;
-          }
-        }
         if constexpr (HasPairKernel<Conv>) {
           if (pairs) {  // the pair kernel takes two whole rows each (these rows again when there are none)
             fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, next.n == R ? next.p : fp8_row(w, r),
