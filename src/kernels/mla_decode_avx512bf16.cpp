@@ -6,7 +6,8 @@
 //        segment as qp[rb][i][16 rows], or for <= 16 rows as qq[group][quad][4 rows x 4 pairs]
 //        so one 16-byte broadcast of 4 key pairs serves all rows.
 //   PV:  O[r][c] += (p[2j][r], p[2j+1][r]) . (v[2j][c], v[2j+1][c])   p packed per page as
-//        pp[j][r]; v interleaved 4 column blocks at a time as vp[block][j][16 columns x 2].
+//        pp[j][r]; v interleaved in registers from token rows 2j and 2j+1 (PvRowsTile; the AMX
+//        path packs it once per page as vp[block][j][16 columns x 2], bf16_pack_v).
 // The query and P are rounded to bf16 (P before it is summed, so the normaliser matches). Not
 // here: the softmax and the segment loop (mla_decode_simd.h), scheduling (mla_decode.cpp).
 #include "kernels/amx_tiles.h"
@@ -290,20 +291,25 @@ void bf16_pack_q_quads(const float* q, int R, int D, MlaScratch& s) {
   }
 }
 
-struct PvCtx {
-  const uint32_t* p;  // pp[j][sstride]
+// PV reading V from the token rows themselves (the bf16 page, or the fp8 page's bf16 copy): each
+// step interleaves rows 2tp and 2tp+1 in registers, 32 columns per vpunpck{l,h}wd pair, in
+// bf16_pack_v's column order. Stores, not shuffles, are what the products share their cycles with
+// here (a 512-bit store costs about one cycle of vdpbf16ps issue on Zen 5, an unpack next to
+// nothing), so a packed copy of V costs more than redoing the interleave in each row tile.
+struct PvRowsCtx {
+  const uint32_t* p;  // pp[tp][sstride]
   int64_t sstride;
-  const uint16_t* v;  // vp[cb][j][32]
-  int64_t v_cb;       // n_tp * 32: one column block, all token pairs
-  int n_tp;
+  const uint8_t* k;  // token rows (bf16), V the first dl values
+  int64_t k_stride;  // bytes
+  int nt;
   const float* alpha;
   float* o;
   int64_t dl;
 };
 
 template <int M, int N>
-struct PvTile {
-  static void run(int r0, int cb0, const PvCtx& c) {
+struct PvRowsTile {
+  static void run(int r0, int cb0, const PvRowsCtx& c) {
     if constexpr (M * N > 28) {
       __builtin_trap();
     } else {
@@ -312,19 +318,42 @@ struct PvTile {
       for (int i = 0; i < M; ++i)
 #pragma GCC unroll 32
         for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-      const uint16_t* v = c.v + cb0 * c.v_cb;
       const uint32_t* p = c.p + r0;
-      for (int tp = 0; tp < c.n_tp; ++tp) {
+      const uint8_t* rows = c.k + cb0 * 32;
+      // One token pair: rows ra and rb (rb null past the last token: zero).
+      auto step = [&](const uint16_t* ra, const uint16_t* rb, int tp) {
         __m512bh b[N];
-#pragma GCC unroll 32
-        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(v + j * c.v_cb + tp * 32);
+#pragma GCC unroll 4
+        for (int j = 0; j + 2 <= N; j += 2) {
+          const __m512i va = _mm512_loadu_si512(ra + j * 16);
+          const __m512i vb = rb != nullptr ? _mm512_loadu_si512(rb + j * 16) : _mm512_setzero_si512();
+          b[j] = (__m512bh)_mm512_unpacklo_epi16(va, vb);
+          b[j + 1] = (__m512bh)_mm512_unpackhi_epi16(va, vb);
+        }
+        if constexpr (N % 2 == 1) {  // a last 16-column block (d_latent % 32 == 16): in order
+          const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+          const __m512i va =
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + (N - 1) * 16)));
+          const __m512i vb = rb != nullptr ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                                 reinterpret_cast<const __m256i*>(rb + (N - 1) * 16)))
+                                           : _mm512_setzero_si512();
+          b[N - 1] = (__m512bh)_mm512_permutex2var_epi16(va, lo, vb);
+        }
 #pragma GCC unroll 32
         for (int i = 0; i < M; ++i) {
           const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[tp * c.sstride + i]));
 #pragma GCC unroll 32
           for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
         }
+      };
+      const int full = c.nt / 2;
+      for (int tp = 0; tp < full; ++tp) {
+        const uint8_t* ra = rows + 2 * tp * c.k_stride;
+        step(reinterpret_cast<const uint16_t*>(ra), reinterpret_cast<const uint16_t*>(ra + c.k_stride), tp);
       }
+      if (c.nt % 2 != 0)
+        step(reinterpret_cast<const uint16_t*>(rows + (c.nt - 1) * c.k_stride), nullptr, full);
 #pragma GCC unroll 32
       for (int i = 0; i < M; ++i) {
         const __m512 al = _mm512_set1_ps(c.alpha[r0 + i]);
@@ -436,15 +465,9 @@ struct Bf16Isa {
     }
   }
   static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {
-    const int n_tp = (nt + 1) / 2, n_cb = dl / 16;
-    uint16_t* vp = reinterpret_cast<uint16_t*>(s.v);
-    bf16_pack_p(s.s, nt, sstride, n_tp, s.p);
-    for (int cb0 = 0; cb0 < n_cb; cb0 += kPvBlock) {
-      const int nb = std::min(kPvBlock, n_cb - cb0);
-      bf16_pack_v(k, nt, cb0, nb, n_tp, vp, int64_t{n_tp} * 32);
-      const PvCtx ctx{s.p, sstride, vp, int64_t{n_tp} * 32, n_tp, s.alpha, s.o + cb0 * 16, dl};
-      MlaTiler<PvTile, 12, 4, PvCtx>::run(R, nb, kQkStep, ctx);
-    }
+    bf16_pack_p(s.s, nt, sstride, (nt + 1) / 2, s.p);
+    const PvRowsCtx ctx{s.p, sstride, k.ptr, k.stride, nt, s.alpha, s.o, dl};
+    MlaTiler<PvRowsTile, 12, 4, PvRowsCtx>::run(R, dl / 16, kQkStep, ctx);
   }
 };
 
