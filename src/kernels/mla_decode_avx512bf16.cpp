@@ -2,7 +2,8 @@
 // accumulation, the online softmax from mla_decode_simd.h.
 //
 //   QK:  S[t][r] += (k[t][2i], k[t][2i+1]) . (q[r][2i], q[r][2i+1])   key pairs broadcast straight
-//        from the bf16 cache (fp8 pages are first dequantised to bf16, exactly); q packed once per
+//        from the bf16 cache (fp8 pages dequantised to bf16 rows, exactly: by the QK tiles as they
+//        read them at 16 rows or fewer, in a pass before QK otherwise); q packed once per
 //        segment as qp[rb][i][16 rows], or for <= 16 rows as qq[group][quad][4 rows x 4 pairs]
 //        so one 16-byte broadcast of 4 key pairs serves all rows.
 //   PV:  O[r][c] += (p[2j][r], p[2j+1][r]) . (v[2j][c], v[2j+1][c])   p packed per page as
@@ -105,12 +106,55 @@ inline void dequant_group(const uint8_t* src, float scale, int begin, int end, u
   dequant_group_f32(src, scale, d, end, dst);
 }
 
-// fp8 tokens -> bf16 [nt][D] in s.k (slot `slot` of page_tokens rows, for a group of pages).
-MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
-                       const uint8_t* next, int slot = 0) {
+// The 16-bit exponent rebase (120 + k) << 7 of a power-of-two scale 2^k in both halves of 32
+// bits: one `vpaddd` with a broadcast operand adds it to 16-bit lanes (the sums never carry past
+// 16 bits, see fp8_pow2_convert32).
+constexpr int fp8_bias_exponent(uint32_t pair) {
+  return static_cast<int>(pair & 0xffffu) / 128 - 120;
+}
+
+// An fp8 page's pass before a QK that converts its latent: each token's scale groups as bias
+// pairs, bias[t * groups + g]. False when a scale is not a power of two in range (a page imported
+// from elsewhere; the cache writes powers of two). Four groups per 128-bit step.
+bool fp8_page_biases(const MlaKvFormat& f, const uint8_t* page, int nt, uint32_t* bias) {
+  const int groups = f.n_scale_groups();
+  __m128i bad = _mm_setzero_si128();
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* sc = page + t * f.token_bytes() + f.scales_offset();
+    for (int g = 0; g < groups; g += 4) {
+      const __mmask8 m = static_cast<__mmask8>(groups - g >= 4 ? 0xf : (1u << (groups - g)) - 1);
+      const __m128i b = _mm_maskz_loadu_epi32(m, sc + 4 * g);
+      // 2^k with |k| <= 100: mantissa zero, sign clear, biased exponent 27..227 (pow2_exponent)
+      const __m128i e = _mm_srli_epi32(b, 23);
+      bad = _mm_or_si128(bad, _mm_and_si128(b, _mm_set1_epi32(0x7fffff)));
+      bad = _mm_or_si128(bad, _mm_andnot_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(26)), _mm_set1_epi32(1)));
+      bad = _mm_or_si128(bad, _mm_and_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(227)), _mm_set1_epi32(1)));
+      // (120 + e - 127) << 7 in each 16-bit half
+      const __m128i h = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(7)), 7);
+      _mm_mask_storeu_epi32(bias + t * groups + g, m, _mm_or_si128(h, _mm_slli_epi32(h, 16)));
+    }
+  }
+  return _mm_test_all_zeros(bad, bad) != 0;
+}
+
+// fp8 tokens -> bf16 [nt][D] in s.k (slot `slot` of page_tokens rows, for a group of pages). With
+// `defer` (one page per scratch), power-of-two scales leave the conversion to QK (MlaRows::fp8),
+// the group biases in the scratch's second page of bf16 rows.
+MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s, const uint8_t* next,
+                       int slot = 0, bool defer = false) {
   if (f.dtype == MlaKvDType::kBF16) return {page, f.token_bytes(), next, f.token_bytes()};
   const int D = f.d_qk(), dl = f.d_latent;
   uint16_t* kb = reinterpret_cast<uint16_t*>(s.k) + int64_t{slot} * f.page_tokens * D;
+  if (defer && dl % 32 == 0) {
+    auto* bias = reinterpret_cast<uint32_t*>(kb + int64_t{f.page_tokens} * D);
+    if (fp8_page_biases(f, page, nt, bias)) {
+      MlaRows rows{reinterpret_cast<const uint8_t*>(kb), int64_t{D} * 2, next, f.token_bytes()};
+      rows.fp8 = page;
+      rows.fp8_bias = bias;
+      rows.fp8_latent = dl;
+      return rows;
+    }
+  }
   for (int t = 0; t < nt; ++t) {
     const uint8_t* src = page + t * f.token_bytes();
     uint16_t* dst = kb + int64_t{t} * D;
@@ -193,6 +237,15 @@ struct QkQuadCtx {
   int tail;             // d-pairs left over (0..3), read with a masked load
   float* s;
   int64_t sstride;
+  // QkQuadF8Tile: the fp8 page (MlaRows::fp8), its row bytes and group biases, the latent's 32-value
+  // chunks (4 quads each, converted into kw, which is k writable) and the offset of the RoPE part in
+  // a row (its quads are read from the page).
+  const uint8_t* f8 = nullptr;
+  int64_t f8_stride = 0;
+  const uint32_t* f8_bias = nullptr;
+  int f8_groups = 0, f8_chunks = 0;
+  uint16_t* kw = nullptr;
+  int64_t f8_rope = 0;
 };
 
 // Sums each group of 4 lanes of acc[j] into s[4j .. 4j+3].
@@ -222,7 +275,46 @@ void store_quad_sums(const __m512 (&acc)[N], float* s) {
   _mm512_storeu_ps(s, out);
 }
 
-template <int M, int N>
+// Chunk ch (latent values [32 ch, 32 ch + 32)) of M fp8 token rows (f8_stride bytes apart) into
+// bf16 rows kw (kstride values apart), zero and subnormals through fp8_pow2_convert32's table.
+__attribute__((noinline)) void fp8_convert_chunk_exact(const uint8_t* f8, int64_t f8_stride,
+                                                       const uint32_t* bias, int groups, int m, int ch,
+                                                       uint16_t* kw, int64_t kstride) {
+  for (int i = 0; i < m; ++i) {
+    const uint32_t b = bias[i * groups + ch / 4];
+    _mm512_storeu_si512(kw + i * kstride + 32 * ch,
+                        fp8_pow2_convert32(f8 + i * f8_stride + 32 * ch,
+                                           _mm512_set1_epi32(static_cast<int>(b)), fp8_bias_exponent(b)));
+  }
+}
+
+// The same, the common case inline: fp8_pow2_convert32's four operations with the bias pair
+// added by one `vpaddd` (a broadcast operand), and the tiny check of all M rows joined into one
+// branch to the exact form. (Storing each row as two 256-bit halves, which a microbenchmark puts
+// at less cost beside vdpbf16ps than one 512-bit store, measured 0.99x here.)
+template <int M>
+inline void fp8_convert_chunk(const uint8_t* f8, int64_t f8_stride, const uint32_t* bias, int groups, int ch,
+                              uint16_t* kw, int64_t kstride) {
+  __mmask32 tiny = 0;
+#pragma GCC unroll 16
+  for (int i = 0; i < M; ++i) {
+    const __m512i x = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(f8 + i * f8_stride + 32 * ch)));
+    const __m512i v =
+        _mm512_add_epi32(_mm512_and_si512(_mm512_slli_epi16(x, 4), _mm512_set1_epi32(0x87f087f0)),
+                         _mm512_set1_epi32(static_cast<int>(bias[i * groups + ch / 4])));
+    tiny |= _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
+    _mm512_storeu_si512(kw + i * kstride + 32 * ch, v);
+  }
+  if (tiny != 0) [[unlikely]]
+    fp8_convert_chunk_exact(f8, f8_stride, bias, groups, M, ch, kw, kstride);
+}
+
+// kF8: the tile converts its tokens' latent from the fp8 page a 32-value chunk (four quads) ahead
+// of its products, so the conversion issues beside them rather than as a pass of its own, and
+// reads the RoPE quads from the page. Each token is converted once: with one row block the tile's
+// N covers every row group. PV then reads the converted rows.
+template <int M, int N, bool kF8>
 struct QkQuadTile {
   static void run(int t0, int j0, const QkQuadCtx& c) {
     if constexpr (M * N > 28 || N > 4) {
@@ -235,30 +327,60 @@ struct QkQuadTile {
         for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
       const uint8_t* k = c.k + t0 * c.k_stride;
       const uint32_t* q = c.q + j0 * c.q_group;
-      auto step = [&](int g, auto&& load_k) {
+      // Quad g of the tile's rows, row 0's at `quad` and the others `stride` bytes apart.
+      auto step = [&](int g, const uint8_t* quad, int64_t stride, auto&& load_k) {
         __m512bh b[N];
 #pragma GCC unroll 32
         for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(q + j * c.q_group + g * 16);
 #pragma GCC unroll 32
         for (int i = 0; i < M; ++i) {
-          const __m512bh a = (__m512bh)_mm512_broadcast_i32x4(load_k(k + i * c.k_stride + g * 16));
+          const __m512bh a = (__m512bh)_mm512_broadcast_i32x4(load_k(quad + i * stride));
 #pragma GCC unroll 32
           for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
         }
       };
-      // The same rows of the next page, a cache line per 4 quads until the row is covered.
+      auto load16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+      // The same rows of the next page, a cache line per 4 quads until the row is covered. (Written
+      // out in both loops: moved into a lambda or an inline function, GCC 12 dropped the prefetches.)
       const uint8_t* pf = c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
-      for (int g = 0; g < c.n_quads; ++g) {
+      int g = 0;
+      const uint8_t* rest = k;  // the rows of quads g0 .. n_quads (all of them in bf16 rows)
+      int64_t rest_stride = c.k_stride;
+      int g0 = 0;
+      if constexpr (kF8) {
+        const uint8_t* f8 = c.f8 + t0 * c.f8_stride;
+        const uint32_t* bias = c.f8_bias + t0 * c.f8_groups;
+        const int64_t kstride = c.k_stride / 2;
+        uint16_t* kw = c.kw + t0 * kstride;
+        fp8_convert_chunk<M>(f8, c.f8_stride, bias, c.f8_groups, 0, kw, kstride);
+        for (int ch = 0; ch < c.f8_chunks; ++ch) {
+          if (ch + 1 < c.f8_chunks)
+            fp8_convert_chunk<M>(f8, c.f8_stride, bias, c.f8_groups, ch + 1, kw, kstride);
+          for (const int end = g + 4; g < end; ++g) {
+            if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
+#pragma GCC unroll 32
+              for (int i = 0; i < M; ++i)
+                _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + g * 16), _MM_HINT_T0);
+            }
+            step(g, k + g * 16, c.k_stride, load16);
+          }
+        }
+        rest = f8 + c.f8_rope;
+        rest_stride = c.f8_stride;
+        g0 = g;
+      }
+      for (; g < c.n_quads; ++g) {
         if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
 #pragma GCC unroll 32
           for (int i = 0; i < M; ++i)
             _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + g * 16), _MM_HINT_T0);
         }
-        step(g, [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); });
+        step(g, rest + (g - g0) * 16, rest_stride, load16);
       }
       if (c.tail > 0) {  // the last d-pairs of the row: never read past it
         const __mmask8 m = static_cast<__mmask8>((1u << c.tail) - 1);
-        step(c.n_quads, [m](const uint8_t* p) { return _mm_maskz_loadu_epi32(m, p); });
+        step(c.n_quads, rest + (c.n_quads - g0) * 16, rest_stride,
+             [m](const uint8_t* p) { return _mm_maskz_loadu_epi32(m, p); });
       }
       // With fewer than 4 groups the upper lanes are padding rows: stored as 0.
 #pragma GCC unroll 32
@@ -266,6 +388,25 @@ struct QkQuadTile {
     }
   }
 };
+// Two-parameter names for MlaTiler (its template template parameter takes two; clang does not
+// match a template with a defaulted third parameter to it).
+template <int M, int N>
+using QkQuadBf16Tile = QkQuadTile<M, N, false>;
+template <int M, int N>
+using QkQuadF8Tile = QkQuadTile<M, N, true>;
+
+// A deferred fp8 page's latent and RoPE part into its bf16 rows, for the QK that reads them whole.
+void fp8_convert_rows(const MlaRows& rows, int nt, int D) {
+  const int dl = rows.fp8_latent, chunks = dl / 32, groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
+  const int64_t f8_stride = dl + 4 * groups + 2 * (D - dl), kstride = rows.stride / 2;
+  auto* kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(rows.ptr));  // the scratch's rows
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* src = rows.fp8 + t * f8_stride;
+    for (int ch = 0; ch < chunks; ++ch)
+      fp8_convert_chunk<1>(src, f8_stride, rows.fp8_bias + t * groups, groups, ch, kw + t * kstride, kstride);
+    std::memcpy(kw + t * kstride + dl, src + dl + 4 * groups, size_t{2} * (D - dl));
+  }
+}
 
 // qq for R <= 16 rows: padding rows and d-pairs are zero.
 void bf16_pack_q_quads(const float* q, int R, int D, MlaScratch& s) {
@@ -449,17 +590,30 @@ struct Bf16Isa {
   }
   static MlaRows load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScratch& s,
                            const uint8_t* next) {
-    return bf16_load_page(f, page, nt, s, next);
+    return bf16_load_page(f, page, nt, s, next, 0, /*defer=*/true);
   }
   static void finish_row(const float* o, float inv, int dl, float* out) { bf16_finish_row(o, inv, dl, out); }
   static void qk(MlaRows k, int nt, int rb_count, int D, int64_t sstride, MlaScratch& s) {
     const int n_dp = D / 2;
     const auto* q = reinterpret_cast<const uint32_t*>(s.q);
     if (rb_count == 1) {
-      const QkQuadCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{(n_dp + 3) / 4} * 16,
-                          n_dp / 4, n_dp % 4, s.s, sstride};
-      MlaTiler<QkQuadTile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
+      QkQuadCtx ctx{k.ptr,    k.stride, k.next, k.next_stride, q, int64_t{(n_dp + 3) / 4} * 16,
+                    n_dp / 4, n_dp % 4, s.s,    sstride};
+      if (k.fp8 == nullptr) {
+        MlaTiler<QkQuadBf16Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
+        return;
+      }
+      const int dl = k.fp8_latent;
+      ctx.f8 = k.fp8;
+      ctx.f8_groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
+      ctx.f8_rope = dl + 4 * ctx.f8_groups;
+      ctx.f8_stride = ctx.f8_rope + 2 * (D - dl);
+      ctx.f8_bias = k.fp8_bias;
+      ctx.f8_chunks = dl / 32;
+      ctx.kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(k.ptr));  // the scratch's rows
+      MlaTiler<QkQuadF8Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
     } else {
+      if (k.fp8 != nullptr) fp8_convert_rows(k, nt, D);
       const QkCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
       MlaTiler<QkTile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
     }

@@ -191,6 +191,12 @@ struct MlaRows {
   int64_t stride = 0;  // bytes between tokens
   const uint8_t* next = nullptr;
   int64_t next_stride = 0;  // bytes between the next page's tokens (its row length: all are fetched)
+  // An fp8 page on the bf16 path whose latent is not converted yet (null otherwise): QK converts
+  // it into the rows at ptr as it reads it and reads the RoPE part from the page as stored
+  // (mla_decode_avx512bf16.cpp). fp8_bias: per token and scale group, the exponent rebase.
+  const uint8_t* fp8 = nullptr;
+  const uint32_t* fp8_bias = nullptr;
+  int fp8_latent = 0;  // d_latent
 };
 
 // Prefetches the bytes of token t of `next_page` (rows of `row_bytes`) while token t of the
