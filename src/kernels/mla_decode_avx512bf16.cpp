@@ -169,112 +169,6 @@ MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScr
   return {reinterpret_cast<const uint8_t*>(kb), int64_t{D} * 2, next, f.token_bytes()};
 }
 
-struct QkCtx {
-  const uint8_t* k;     // token rows (bf16 pairs)
-  int64_t k_stride;     // bytes
-  const uint8_t* next;  // the next page to prefetch, or null
-  int64_t next_stride;  // its row bytes
-  const uint32_t* q;    // qp
-  int64_t q_rb;         // n_dp * 16
-  int n_dp;
-  float* s;
-  int64_t sstride;
-};
-
-template <int M, int N>
-struct QkTile {
-  static void run(int t0, int rb0, const QkCtx& c) {
-    if constexpr (M * N > 28) {
-      __builtin_trap();
-    } else {
-      __m512 acc[M][N];
-#pragma GCC unroll 32
-      for (int i = 0; i < M; ++i)
-#pragma GCC unroll 32
-        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-      const uint8_t* k = c.k + t0 * c.k_stride;
-      const uint32_t* q = c.q + rb0 * c.q_rb;
-      // The first column of tiles reads every token row once: it prefetches the same rows of
-      // the next page, a cache line per 16 d-pairs until the row is covered.
-      const uint8_t* pf = rb0 == 0 && c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
-      for (int dp = 0; dp < c.n_dp; ++dp) {
-        if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
-#pragma GCC unroll 32
-          for (int i = 0; i < M; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
-        }
-        __m512bh b[N];
-#pragma GCC unroll 32
-        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(q + j * c.q_rb + dp * 16);
-#pragma GCC unroll 32
-        for (int i = 0; i < M; ++i) {
-          const __m512bh a =
-              (__m512bh)_mm512_set1_epi32(static_cast<int>(mla_load_u32(k + i * c.k_stride + dp * 4)));
-#pragma GCC unroll 32
-          for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
-        }
-      }
-      float* s = c.s + t0 * c.sstride + rb0 * 16;
-#pragma GCC unroll 32
-      for (int i = 0; i < M; ++i)
-#pragma GCC unroll 32
-        for (int j = 0; j < N; ++j) _mm512_storeu_ps(s + i * c.sstride + j * 16, acc[i][j]);
-    }
-  }
-};
-
-// Few rows (s_q * heads <= 16): 16 lanes as 4 rows x 4 consecutive d-pairs, so one broadcast
-// of 16 key bytes (4 d-pairs) feeds all 4 row groups and loads stop limiting the FMAs. Lanes of
-// a group are summed when the tile is stored. qq[j][g][4 rr + k] = q pair (row 4j + rr, d-pair 4g + k).
-struct QkQuadCtx {
-  const uint8_t* k;
-  int64_t k_stride;
-  const uint8_t* next;  // as in QkCtx
-  int64_t next_stride;
-  const uint32_t* q;    // qq
-  int64_t q_group;      // n_quads * 16
-  int n_quads;          // full quads of d-pairs
-  int tail;             // d-pairs left over (0..3), read with a masked load
-  float* s;
-  int64_t sstride;
-  // QkQuadF8Tile: the fp8 page (MlaRows::fp8), its row bytes and group biases, the latent's 32-value
-  // chunks (4 quads each, converted into kw, which is k writable) and the offset of the RoPE part in
-  // a row (its quads are read from the page).
-  const uint8_t* f8 = nullptr;
-  int64_t f8_stride = 0;
-  const uint32_t* f8_bias = nullptr;
-  int f8_groups = 0, f8_chunks = 0;
-  uint16_t* kw = nullptr;
-  int64_t f8_rope = 0;
-};
-
-// Sums each group of 4 lanes of acc[j] into s[4j .. 4j+3].
-template <int N>
-void store_quad_sums(const __m512 (&acc)[N], float* s) {
-  if constexpr (N == 4) {  // all 16 rows: a transposing reduction, 10 operations instead of 20
-    // per 128-bit lane L: a = (x0[0]+x0[2], x1[0]+x1[2], x0[1]+x0[3], x1[1]+x1[3]), b likewise
-    const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
-    const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
-    // lane 4L + j: the sum of group j's lane group L, i.e. row 4j + L
-    const __m512 z =
-        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
-                      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_ps(s, _mm512_permutexvar_ps(idx, z));
-    return;
-  }
-  __m512 out = _mm512_setzero_ps();
-#pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) {
-    __m512 x = _mm512_add_ps(acc[j], _mm512_permute_ps(acc[j], 0xb1));  // (k0+k1, k1+k0, k2+k3, k3+k2)
-    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));                   // every lane: the group's sum
-    // lane 4j + rr of out takes lane 4rr of x
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
-    out = _mm512_mask_permutexvar_ps(out, static_cast<__mmask16>(0xfu << (4 * j)), idx, x);
-  }
-  _mm512_storeu_ps(s, out);
-}
-
 // Chunk ch (latent values [32 ch, 32 ch + 32)) of M fp8 token rows (f8_stride bytes apart) into
 // bf16 rows kw (kstride values apart), zero and subnormals through fp8_pow2_convert32's table.
 __attribute__((noinline)) void fp8_convert_chunk_exact(const uint8_t* f8, int64_t f8_stride,
@@ -308,6 +202,174 @@ inline void fp8_convert_chunk(const uint8_t* f8, int64_t f8_stride, const uint32
   }
   if (tiny != 0) [[unlikely]]
     fp8_convert_chunk_exact(f8, f8_stride, bias, groups, M, ch, kw, kstride);
+}
+
+// An fp8 page whose latent the QK tiles convert as they read it (MlaRows::fp8): its rows, each
+// token's group biases, the latent's 32-value chunks (16 d-pairs, 4 quads each), the offset of the
+// RoPE part in a row (read from the page as stored) and the bf16 rows the latent goes to
+// (MlaRows::ptr, writable: the scratch's), where PV reads it afterwards.
+struct Fp8Source {
+  const uint8_t* page = nullptr;
+  int64_t stride = 0;
+  const uint32_t* bias = nullptr;  // [token][group]
+  int groups = 0, chunks = 0;
+  int64_t rope = 0;
+  uint16_t* kw = nullptr;
+};
+
+Fp8Source fp8_source(const MlaRows& k, int D) {
+  const int dl = k.fp8_latent;
+  Fp8Source f;
+  f.page = k.fp8;
+  f.groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
+  f.rope = dl + 4 * f.groups;
+  f.stride = f.rope + 2 * (D - dl);
+  f.bias = k.fp8_bias;
+  f.chunks = dl / 32;
+  f.kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(k.ptr));
+  return f;
+}
+
+struct QkCtx {
+  const uint8_t* k;     // token rows (bf16 pairs)
+  int64_t k_stride;     // bytes
+  const uint8_t* next;  // the next page to prefetch, or null
+  int64_t next_stride;  // its row bytes
+  const uint32_t* q;    // qp
+  int64_t q_rb;         // n_dp * 16
+  int n_dp;
+  float* s;
+  int64_t sstride;
+  Fp8Source f8;  // QkF8Tile
+};
+
+// kF8: the latent comes from an fp8 page. The first column of tiles (rb0 == 0, which reads every
+// token) converts it a 32-value chunk ahead of its products, as QkQuadTile does; later columns read
+// the converted rows. The RoPE d-pairs are read from the page in every column.
+template <int M, int N, bool kF8>
+struct QkTile {
+  static void run(int t0, int rb0, const QkCtx& c) {
+    if constexpr (M * N > 28) {
+      __builtin_trap();
+    } else {
+      __m512 acc[M][N];
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+      const uint8_t* k = c.k + t0 * c.k_stride;
+      const uint32_t* q = c.q + rb0 * c.q_rb;
+      // d-pair dp of the tile's rows, row 0's at `pair` and the others `stride` bytes apart
+      auto step = [&](int dp, const uint8_t* pair, int64_t stride) {
+        __m512bh b[N];
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) b[j] = (__m512bh)_mm512_loadu_si512(q + j * c.q_rb + dp * 16);
+#pragma GCC unroll 32
+        for (int i = 0; i < M; ++i) {
+          const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(mla_load_u32(pair + i * stride)));
+#pragma GCC unroll 32
+          for (int j = 0; j < N; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+      };
+      // The first column of tiles reads every token row once: it prefetches the same rows of
+      // the next page, a cache line per 16 d-pairs until the row is covered (written out in each
+      // loop, as in QkQuadTile).
+      const uint8_t* pf = rb0 == 0 && c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
+      int dp = 0, dp0 = 0;
+      const uint8_t* rest = k;  // the rows of d-pairs dp0 .. n_dp
+      int64_t rest_stride = c.k_stride;
+      if constexpr (kF8) {
+        const Fp8Source& f = c.f8;
+        const uint8_t* f8 = f.page + t0 * f.stride;
+        if (rb0 == 0) {
+          const uint32_t* bias = f.bias + t0 * f.groups;
+          const int64_t kstride = c.k_stride / 2;
+          uint16_t* kw = f.kw + t0 * kstride;
+          fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, 0, kw, kstride);
+          for (int ch = 0; ch < f.chunks; ++ch) {
+            if (ch + 1 < f.chunks) fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, ch + 1, kw, kstride);
+            for (const int end = dp + 16; dp < end; ++dp) {
+              if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
+#pragma GCC unroll 32
+                for (int i = 0; i < M; ++i)
+                  _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
+              }
+              step(dp, k + dp * 4, c.k_stride);
+            }
+          }
+        } else {
+          for (; dp < 16 * f.chunks; ++dp) step(dp, k + dp * 4, c.k_stride);
+        }
+        rest = f8 + f.rope;
+        rest_stride = f.stride;
+        dp0 = dp;
+      }
+      for (; dp < c.n_dp; ++dp) {
+        if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
+#pragma GCC unroll 32
+          for (int i = 0; i < M; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
+        }
+        step(dp, rest + (dp - dp0) * 4, rest_stride);
+      }
+      float* s = c.s + t0 * c.sstride + rb0 * 16;
+#pragma GCC unroll 32
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 32
+        for (int j = 0; j < N; ++j) _mm512_storeu_ps(s + i * c.sstride + j * 16, acc[i][j]);
+    }
+  }
+};
+
+// Two-parameter names for MlaTiler (its template template parameter takes two; clang does not
+// match a template with a third parameter to it).
+template <int M, int N>
+using QkBf16Tile = QkTile<M, N, false>;
+template <int M, int N>
+using QkF8Tile = QkTile<M, N, true>;
+
+// Few rows (s_q * heads <= 16): 16 lanes as 4 rows x 4 consecutive d-pairs, so one broadcast
+// of 16 key bytes (4 d-pairs) feeds all 4 row groups and loads stop limiting the FMAs. Lanes of
+// a group are summed when the tile is stored. qq[j][g][4 rr + k] = q pair (row 4j + rr, d-pair 4g + k).
+struct QkQuadCtx {
+  const uint8_t* k;
+  int64_t k_stride;
+  const uint8_t* next;  // as in QkCtx
+  int64_t next_stride;
+  const uint32_t* q;    // qq
+  int64_t q_group;      // n_quads * 16
+  int n_quads;          // full quads of d-pairs
+  int tail;             // d-pairs left over (0..3), read with a masked load
+  float* s;
+  int64_t sstride;
+  Fp8Source f8;  // QkQuadF8Tile
+};
+
+// Sums each group of 4 lanes of acc[j] into s[4j .. 4j+3].
+template <int N>
+void store_quad_sums(const __m512 (&acc)[N], float* s) {
+  if constexpr (N == 4) {  // all 16 rows: a transposing reduction, 10 operations instead of 20
+    // per 128-bit lane L: a = (x0[0]+x0[2], x1[0]+x1[2], x0[1]+x0[3], x1[1]+x1[3]), b likewise
+    const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+    const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+    // lane 4L + j: the sum of group j's lane group L, i.e. row 4j + L
+    const __m512 z =
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
+                      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(s, _mm512_permutexvar_ps(idx, z));
+    return;
+  }
+  __m512 out = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int j = 0; j < N; ++j) {
+    __m512 x = _mm512_add_ps(acc[j], _mm512_permute_ps(acc[j], 0xb1));  // (k0+k1, k1+k0, k2+k3, k3+k2)
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));                   // every lane: the group's sum
+    // lane 4j + rr of out takes lane 4rr of x
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    out = _mm512_mask_permutexvar_ps(out, static_cast<__mmask16>(0xfu << (4 * j)), idx, x);
+  }
+  _mm512_storeu_ps(s, out);
 }
 
 // kF8: the tile converts its tokens' latent from the fp8 page a 32-value chunk (four quads) ahead
@@ -348,14 +410,14 @@ struct QkQuadTile {
       int64_t rest_stride = c.k_stride;
       int g0 = 0;
       if constexpr (kF8) {
-        const uint8_t* f8 = c.f8 + t0 * c.f8_stride;
-        const uint32_t* bias = c.f8_bias + t0 * c.f8_groups;
+        const Fp8Source& f = c.f8;
+        const uint8_t* f8 = f.page + t0 * f.stride;
+        const uint32_t* bias = f.bias + t0 * f.groups;
         const int64_t kstride = c.k_stride / 2;
-        uint16_t* kw = c.kw + t0 * kstride;
-        fp8_convert_chunk<M>(f8, c.f8_stride, bias, c.f8_groups, 0, kw, kstride);
-        for (int ch = 0; ch < c.f8_chunks; ++ch) {
-          if (ch + 1 < c.f8_chunks)
-            fp8_convert_chunk<M>(f8, c.f8_stride, bias, c.f8_groups, ch + 1, kw, kstride);
+        uint16_t* kw = f.kw + t0 * kstride;
+        fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, 0, kw, kstride);
+        for (int ch = 0; ch < f.chunks; ++ch) {
+          if (ch + 1 < f.chunks) fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, ch + 1, kw, kstride);
           for (const int end = g + 4; g < end; ++g) {
             if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
 #pragma GCC unroll 32
@@ -365,8 +427,8 @@ struct QkQuadTile {
             step(g, k + g * 16, c.k_stride, load16);
           }
         }
-        rest = f8 + c.f8_rope;
-        rest_stride = c.f8_stride;
+        rest = f8 + f.rope;
+        rest_stride = f.stride;
         g0 = g;
       }
       for (; g < c.n_quads; ++g) {
@@ -394,19 +456,6 @@ template <int M, int N>
 using QkQuadBf16Tile = QkQuadTile<M, N, false>;
 template <int M, int N>
 using QkQuadF8Tile = QkQuadTile<M, N, true>;
-
-// A deferred fp8 page's latent and RoPE part into its bf16 rows, for the QK that reads them whole.
-void fp8_convert_rows(const MlaRows& rows, int nt, int D) {
-  const int dl = rows.fp8_latent, chunks = dl / 32, groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
-  const int64_t f8_stride = dl + 4 * groups + 2 * (D - dl), kstride = rows.stride / 2;
-  auto* kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(rows.ptr));  // the scratch's rows
-  for (int t = 0; t < nt; ++t) {
-    const uint8_t* src = rows.fp8 + t * f8_stride;
-    for (int ch = 0; ch < chunks; ++ch)
-      fp8_convert_chunk<1>(src, f8_stride, rows.fp8_bias + t * groups, groups, ch, kw + t * kstride, kstride);
-    std::memcpy(kw + t * kstride + dl, src + dl + 4 * groups, size_t{2} * (D - dl));
-  }
-}
 
 // qq for R <= 16 rows: padding rows and d-pairs are zero.
 void bf16_pack_q_quads(const float* q, int R, int D, MlaScratch& s) {
@@ -603,19 +652,16 @@ struct Bf16Isa {
         MlaTiler<QkQuadBf16Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
         return;
       }
-      const int dl = k.fp8_latent;
-      ctx.f8 = k.fp8;
-      ctx.f8_groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
-      ctx.f8_rope = dl + 4 * ctx.f8_groups;
-      ctx.f8_stride = ctx.f8_rope + 2 * (D - dl);
-      ctx.f8_bias = k.fp8_bias;
-      ctx.f8_chunks = dl / 32;
-      ctx.kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(k.ptr));  // the scratch's rows
+      ctx.f8 = fp8_source(k, D);
       MlaTiler<QkQuadF8Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
     } else {
-      if (k.fp8 != nullptr) fp8_convert_rows(k, nt, D);
-      const QkCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
-      MlaTiler<QkTile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
+      QkCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
+      if (k.fp8 == nullptr) {
+        MlaTiler<QkBf16Tile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
+      } else {
+        ctx.f8 = fp8_source(k, D);
+        MlaTiler<QkF8Tile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
+      }
     }
   }
   static void pv(MlaRows k, int nt, int R, int dl, int64_t sstride, MlaScratch& s) {

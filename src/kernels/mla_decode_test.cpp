@@ -449,13 +449,13 @@ TEST(MlaDecode, SingleTokenOutputIsTheStoredLatentExactly) {
 // tokens at once, the out-of-line exact form where a chunk holds zero or a subnormal) and the RoPE
 // part read from the page. Each token holds every e4m3 code (rotated per token) under its own
 // power-of-two group scales. Row h selects one token through the RoPE part alone: q's RoPE is
-// 512 on dimension h, the selected token's RoPE is 1 there and 0 elsewhere, the latent query is
+// 512 on dimension h % 64, the selected token's RoPE is 1 there and 0 elsewhere, the latent query is
 // 0, so the softmax puts weight exactly 1 on that token and exactly 0 on the rest, and out[h] must
 // be the token's stored latent bit for bit. A second sequence has one group scale that is not a
 // power of two, which sends its page down the other conversion (rounded to bf16 on that path).
 TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
   const MlaKvFormat f = v3_format(MlaKvDType::kFP8);
-  const int D = f.d_qk(), dl = f.d_latent, heads = 16;
+  const int D = f.d_qk(), dl = f.d_latent;
   const int32_t lens[] = {101, 70};  // two pages each: a full one and a partial one (odd or even)
   const int pages_per_seq = 2, n_pages = 4;
   std::vector<uint8_t> pool(static_cast<size_t>(n_pages * f.page_bytes()), 0xff);
@@ -464,69 +464,73 @@ TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
     return pool.data() + table[b * pages_per_seq + t / f.page_tokens] * f.page_bytes() +
            (t % f.page_tokens) * f.token_bytes();
   };
-  for (int round = 0; round < 7; ++round) {
-    // Row h of sequence b selects token sel(b, h).
-    auto sel = [&](int b, int h) { return (h * 7 + round * 5 + b) % lens[b]; };
-    for (int b = 0; b < 2; ++b) {
-      for (int t = 0; t < lens[b]; ++t) {
-        uint8_t* tok = slot(b, t);
-        for (int i = 0; i < dl; ++i) {
-          uint8_t code = static_cast<uint8_t>((i + 37 * t) % 256);
-          if ((code & 0x7f) == 0x7f) code ^= 1;  // no NaN codes
-          tok[i] = code;
-        }
-        for (int g = 0; g < f.n_scale_groups(); ++g) {
-          float scale = std::ldexp(1.0f, (t * 4 + g) % 41 - 20);
-          if (b == 1 && t == 5 && g == 2) scale = 0.37f;
-          std::memcpy(tok + f.scales_offset() + 4 * g, &scale, 4);
-        }
-        for (int j = 0; j < f.d_rope; ++j) {
-          const bool on = j < heads && sel(b, j) == t;
-          const uint16_t h = f32_to_bf16(on ? 1.0f : 0.0f);
-          std::memcpy(tok + f.rope_offset() + 2 * j, &h, 2);
-        }
-      }
-    }
-    std::vector<float> q(static_cast<size_t>(2 * heads * D), 0.0f);
-    for (int b = 0; b < 2; ++b)
-      for (int h = 0; h < heads; ++h) q[static_cast<size_t>((b * heads + h) * D + dl + h)] = 512.0f;
-    std::vector<float> out(static_cast<size_t>(2 * heads * dl)), lse(static_cast<size_t>(2 * heads));
-    MlaDecodeParams p{.q = q.data(),
-                      .batch = 2,
-                      .s_q = 1,
-                      .heads = heads,
-                      .d_qk = D,
-                      .cache = {pool.data(), n_pages, f.page_bytes(), f},
-                      .block_table = table,
-                      .max_pages = pages_per_seq,
-                      .cache_seqlens = lens,
-                      .softmax_scale = 1.0f,
-                      .out = out.data(),
-                      .lse = lse.data()};
-    auto dec = MlaDecoder::create({.format = f, .max_batch = 2, .max_rows = heads});
-    ASSERT_TRUE(dec.ok());
-    for (const Path& path : available_paths()) {
-      SimdCap cap(path);
-      std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
-      ASSERT_TRUE((*dec)->decode(p).ok());
+  // 16 rows: the quad tiles; 64: one column of row-block tiles; 128: a second column, which reads
+  // what the first converted. Row h selects through RoPE dimension h % 64.
+  for (const int heads : {16, 64, 128})
+    for (int round = 0; round < 7; ++round) {
+      // Row h of sequence b selects token sel(b, h % 64).
+      auto sel = [&](int b, int h) { return (h * 7 + round * 5 + b) % lens[b]; };
       for (int b = 0; b < 2; ++b) {
-        for (int h = 0; h < heads; ++h) {
-          const int t = sel(b, h);
-          std::vector<float> want(static_cast<size_t>(D));
-          mla_kv_decode_token(f, slot(b, t), want.data());
-          for (int c = 0; c < dl; ++c) {
-            float expect = want[static_cast<size_t>(c)];
-            if (b == 1 && t == 5 && c / kMlaFp8GroupSize == 2 && path.level == SimdLevel::kAvx512Bf16)
-              expect = bf16_to_f32(f32_to_bf16(expect));
-            ASSERT_EQ(out[static_cast<size_t>((b * heads + h) * dl + c)], expect)
-                << path.name() << " round " << round << " sequence " << b << " row " << h << " token " << t
-                << " column " << c;
+        for (int t = 0; t < lens[b]; ++t) {
+          uint8_t* tok = slot(b, t);
+          for (int i = 0; i < dl; ++i) {
+            uint8_t code = static_cast<uint8_t>((i + 37 * t) % 256);
+            if ((code & 0x7f) == 0x7f) code ^= 1;  // no NaN codes
+            tok[i] = code;
           }
-          EXPECT_NEAR(lse[static_cast<size_t>(b * heads + h)], 512.0f, 1e-3f) << path.name();
+          for (int g = 0; g < f.n_scale_groups(); ++g) {
+            float scale = std::ldexp(1.0f, (t * 4 + g) % 41 - 20);
+            if (b == 1 && t == 5 && g == 2) scale = 0.37f;
+            std::memcpy(tok + f.scales_offset() + 4 * g, &scale, 4);
+          }
+          for (int j = 0; j < f.d_rope; ++j) {
+            const bool on = j < std::min(heads, f.d_rope) && sel(b, j) == t;
+            const uint16_t h = f32_to_bf16(on ? 1.0f : 0.0f);
+            std::memcpy(tok + f.rope_offset() + 2 * j, &h, 2);
+          }
+        }
+      }
+      std::vector<float> q(static_cast<size_t>(2 * heads * D), 0.0f);
+      for (int b = 0; b < 2; ++b)
+        for (int h = 0; h < heads; ++h)
+          q[static_cast<size_t>((b * heads + h) * D + dl + h % f.d_rope)] = 512.0f;
+      std::vector<float> out(static_cast<size_t>(2 * heads * dl)), lse(static_cast<size_t>(2 * heads));
+      MlaDecodeParams p{.q = q.data(),
+                        .batch = 2,
+                        .s_q = 1,
+                        .heads = heads,
+                        .d_qk = D,
+                        .cache = {pool.data(), n_pages, f.page_bytes(), f},
+                        .block_table = table,
+                        .max_pages = pages_per_seq,
+                        .cache_seqlens = lens,
+                        .softmax_scale = 1.0f,
+                        .out = out.data(),
+                        .lse = lse.data()};
+      auto dec = MlaDecoder::create({.format = f, .max_batch = 2, .max_rows = heads});
+      ASSERT_TRUE(dec.ok());
+      for (const Path& path : available_paths()) {
+        SimdCap cap(path);
+        std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+        ASSERT_TRUE((*dec)->decode(p).ok());
+        for (int b = 0; b < 2; ++b) {
+          for (int h = 0; h < heads; ++h) {
+            const int t = sel(b, h % f.d_rope);
+            std::vector<float> want(static_cast<size_t>(D));
+            mla_kv_decode_token(f, slot(b, t), want.data());
+            for (int c = 0; c < dl; ++c) {
+              float expect = want[static_cast<size_t>(c)];
+              if (b == 1 && t == 5 && c / kMlaFp8GroupSize == 2 && path.level == SimdLevel::kAvx512Bf16)
+                expect = bf16_to_f32(f32_to_bf16(expect));
+              ASSERT_EQ(out[static_cast<size_t>((b * heads + h) * dl + c)], expect)
+                  << path.name() << " heads " << heads << " round " << round << " sequence " << b << " row "
+                  << h << " token " << t << " column " << c;
+            }
+            EXPECT_NEAR(lse[static_cast<size_t>(b * heads + h)], 512.0f, 1e-3f) << path.name();
+          }
         }
       }
     }
-  }
 }
 
 TEST(MlaDecode, Fp8CacheStaysWithinToleranceOfBf16) {
