@@ -2,8 +2,8 @@
 // accumulation, the online softmax from mla_decode_simd.h.
 //
 //   QK:  S[t][r] += (k[t][2i], k[t][2i+1]) . (q[r][2i], q[r][2i+1])   key pairs broadcast straight
-//        from the bf16 cache (fp8 pages dequantised to bf16 rows, exactly: by the QK tiles as they
-//        read them at 16 rows or fewer, in a pass before QK otherwise); q packed once per
+//        from the bf16 cache (fp8 pages dequantised to bf16 rows, exactly, by the QK tiles as they
+//        read them, or in a pass before QK where a scale is not a power of two); q packed once per
 //        segment as qp[rb][i][16 rows], or for <= 16 rows as qq[group][quad][4 rows x 4 pairs]
 //        so one 16-byte broadcast of 4 key pairs serves all rows.
 //   PV:  O[r][c] += (p[2j][r], p[2j+1][r]) . (v[2j][c], v[2j+1][c])   p packed per page as
