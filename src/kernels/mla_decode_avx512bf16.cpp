@@ -125,10 +125,12 @@ bool fp8_page_biases(const MlaKvFormat& f, const uint8_t* page, int nt, uint32_t
       const __mmask8 m = static_cast<__mmask8>(groups - g >= 4 ? 0xf : (1u << (groups - g)) - 1);
       const __m128i b = _mm_maskz_loadu_epi32(m, sc + 4 * g);
       // 2^k with |k| <= 100: mantissa zero, sign clear, biased exponent 27..227 (pow2_exponent)
+      // (lanes past the last group are not checked)
       const __m128i e = _mm_srli_epi32(b, 23);
-      bad = _mm_or_si128(bad, _mm_and_si128(b, _mm_set1_epi32(0x7fffff)));
-      bad = _mm_or_si128(bad, _mm_andnot_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(26)), _mm_set1_epi32(1)));
-      bad = _mm_or_si128(bad, _mm_and_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(227)), _mm_set1_epi32(1)));
+      __m128i lane = _mm_and_si128(b, _mm_set1_epi32(0x7fffff));
+      lane = _mm_or_si128(lane, _mm_andnot_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(26)), _mm_set1_epi32(1)));
+      lane = _mm_or_si128(lane, _mm_and_si128(_mm_cmpgt_epi32(e, _mm_set1_epi32(227)), _mm_set1_epi32(1)));
+      bad = _mm_or_si128(bad, _mm_maskz_mov_epi32(m, lane));
       // (120 + e - 127) << 7 in each 16-bit half
       const __m128i h = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(7)), 7);
       _mm_mask_storeu_epi32(bias + t * groups + g, m, _mm_or_si128(h, _mm_slli_epi32(h, 16)));

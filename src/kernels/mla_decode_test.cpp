@@ -449,12 +449,12 @@ TEST(MlaDecode, SingleTokenOutputIsTheStoredLatentExactly) {
 // tokens at once, the out-of-line exact form where a chunk holds zero or a subnormal) and the RoPE
 // part read from the page. Each token holds every e4m3 code (rotated per token) under its own
 // power-of-two group scales. Row h selects one token through the RoPE part alone: q's RoPE is
-// 512 on dimension h % 64, the selected token's RoPE is 1 there and 0 elsewhere, the latent query is
+// 512 on dimension h % d_rope, the selected token's RoPE is 1 there and 0 elsewhere, the latent query is
 // 0, so the softmax puts weight exactly 1 on that token and exactly 0 on the rest, and out[h] must
 // be the token's stored latent bit for bit. A second sequence has one group scale that is not a
 // power of two, which sends its page down the other conversion (rounded to bf16 on that path).
-TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
-  const MlaKvFormat f = v3_format(MlaKvDType::kFP8);
+void check_fp8_pages_exact(const MlaKvFormat& f) {
+  SCOPED_TRACE("d_latent " + std::to_string(f.d_latent) + " d_rope " + std::to_string(f.d_rope));
   const int D = f.d_qk(), dl = f.d_latent;
   const int32_t lens[] = {101, 70};  // two pages each: a full one and a partial one (odd or even)
   const int pages_per_seq = 2, n_pages = 4;
@@ -465,10 +465,10 @@ TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
            (t % f.page_tokens) * f.token_bytes();
   };
   // 16 rows: the quad tiles; 64: one column of row-block tiles; 128: a second column, which reads
-  // what the first converted. Row h selects through RoPE dimension h % 64.
+  // what the first converted. Row h selects through RoPE dimension h % d_rope.
   for (const int heads : {16, 64, 128})
     for (int round = 0; round < 7; ++round) {
-      // Row h of sequence b selects token sel(b, h % 64).
+      // Row h of sequence b selects token sel(b, h % d_rope).
       auto sel = [&](int b, int h) { return (h * 7 + round * 5 + b) % lens[b]; };
       for (int b = 0; b < 2; ++b) {
         for (int t = 0; t < lens[b]; ++t) {
@@ -531,6 +531,12 @@ TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
         }
       }
     }
+}
+
+TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
+  check_fp8_pages_exact(v3_format(MlaKvDType::kFP8));
+  // the tiny preset's widths: one scale group, 64 latent values (two chunks)
+  check_fp8_pages_exact({.d_latent = 64, .d_rope = 32, .dtype = MlaKvDType::kFP8, .page_tokens = 64});
 }
 
 TEST(MlaDecode, Fp8CacheStaysWithinToleranceOfBf16) {
