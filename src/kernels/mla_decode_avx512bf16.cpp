@@ -452,8 +452,7 @@ struct QkQuadTile {
     }
   }
 };
-// Two-parameter names for MlaTiler (its template template parameter takes two; clang does not
-// match a template with a defaulted third parameter to it).
+// Two-parameter names for MlaTiler, as for QkTile.
 template <int M, int N>
 using QkQuadBf16Tile = QkQuadTile<M, N, false>;
 template <int M, int N>
