@@ -232,6 +232,24 @@ Fp8Source fp8_source(const MlaRows& k, int D) {
   return f;
 }
 
+// A tile's M rows of an fp8 page from token t0: chunk by chunk into their bf16 rows.
+template <int M>
+struct Fp8TileRows {
+  const uint8_t* f8;
+  const uint32_t* bias;
+  uint16_t* kw;
+  int64_t stride, kstride;
+  int groups;
+  Fp8TileRows(const Fp8Source& f, int t0, int64_t k_stride)
+      : f8(f.page + t0 * f.stride),
+        bias(f.bias + t0 * f.groups),
+        kw(f.kw + t0 * (k_stride / 2)),
+        stride(f.stride),
+        kstride(k_stride / 2),
+        groups(f.groups) {}
+  void convert(int ch) const { fp8_convert_chunk<M>(f8, stride, bias, groups, ch, kw, kstride); }
+};
+
 struct QkCtx {
   const uint8_t* k;     // token rows (bf16 pairs)
   int64_t k_stride;     // bytes
@@ -282,14 +300,11 @@ struct QkTile {
       int64_t rest_stride = c.k_stride;
       if constexpr (kF8) {
         const Fp8Source& f = c.f8;
-        const uint8_t* f8 = f.page + t0 * f.stride;
+        const Fp8TileRows<M> rows(f, t0, c.k_stride);
         if (rb0 == 0) {
-          const uint32_t* bias = f.bias + t0 * f.groups;
-          const int64_t kstride = c.k_stride / 2;
-          uint16_t* kw = f.kw + t0 * kstride;
-          fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, 0, kw, kstride);
+          rows.convert(0);
           for (int ch = 0; ch < f.chunks; ++ch) {
-            if (ch + 1 < f.chunks) fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, ch + 1, kw, kstride);
+            if (ch + 1 < f.chunks) rows.convert(ch + 1);
             for (const int end = dp + 16; dp < end; ++dp) {
               if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
 #pragma GCC unroll 32
@@ -302,7 +317,7 @@ struct QkTile {
         } else {
           for (; dp < 16 * f.chunks; ++dp) step(dp, k + dp * 4, c.k_stride);
         }
-        rest = f8 + f.rope;
+        rest = rows.f8 + f.rope;
         rest_stride = f.stride;
         dp0 = dp;
       }
@@ -413,13 +428,10 @@ struct QkQuadTile {
       int g0 = 0;
       if constexpr (kF8) {
         const Fp8Source& f = c.f8;
-        const uint8_t* f8 = f.page + t0 * f.stride;
-        const uint32_t* bias = f.bias + t0 * f.groups;
-        const int64_t kstride = c.k_stride / 2;
-        uint16_t* kw = f.kw + t0 * kstride;
-        fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, 0, kw, kstride);
+        const Fp8TileRows<M> rows(f, t0, c.k_stride);
+        rows.convert(0);
         for (int ch = 0; ch < f.chunks; ++ch) {
-          if (ch + 1 < f.chunks) fp8_convert_chunk<M>(f8, f.stride, bias, f.groups, ch + 1, kw, kstride);
+          if (ch + 1 < f.chunks) rows.convert(ch + 1);
           for (const int end = g + 4; g < end; ++g) {
             if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
 #pragma GCC unroll 32
@@ -429,7 +441,7 @@ struct QkQuadTile {
             step(g, k + g * 16, c.k_stride, load16);
           }
         }
-        rest = f8 + f.rope;
+        rest = rows.f8 + f.rope;
         rest_stride = f.stride;
         g0 = g;
       }
