@@ -153,7 +153,7 @@ MlaRows bf16_load_page(const MlaKvFormat& f, const uint8_t* page, int nt, MlaScr
       MlaRows rows{reinterpret_cast<const uint8_t*>(kb), int64_t{D} * 2, next, f.token_bytes()};
       rows.fp8 = page;
       rows.fp8_bias = bias;
-      rows.fp8_latent = dl;
+      rows.fp8_format = &f;
       return rows;
     }
   }
@@ -219,15 +219,15 @@ struct Fp8Source {
   uint16_t* kw = nullptr;
 };
 
-Fp8Source fp8_source(const MlaRows& k, int D) {
-  const int dl = k.fp8_latent;
+Fp8Source fp8_source(const MlaRows& k) {
+  const MlaKvFormat& fmt = *k.fp8_format;
   Fp8Source f;
   f.page = k.fp8;
-  f.groups = (dl + kMlaFp8GroupSize - 1) / kMlaFp8GroupSize;
-  f.rope = dl + 4 * f.groups;
-  f.stride = f.rope + 2 * (D - dl);
+  f.stride = fmt.token_bytes();
   f.bias = k.fp8_bias;
-  f.chunks = dl / 32;
+  f.groups = fmt.n_scale_groups();
+  f.chunks = fmt.d_latent / 32;
+  f.rope = fmt.rope_offset();
   f.kw = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(k.ptr));
   return f;
 }
@@ -494,6 +494,18 @@ void bf16_pack_q_quads(const float* q, int R, int D, MlaScratch& s) {
   }
 }
 
+// 16 columns of token rows a and b (b null: zero) as (a[c], b[c]) pairs in column order: a last
+// 16-column block of V, which the 32-column unpacks do not cover.
+inline __m512i interleave16_in_order(const uint16_t* a, const uint16_t* b) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i va = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+  const __m512i vb = b != nullptr
+                         ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)))
+                         : _mm512_setzero_si512();
+  return _mm512_permutex2var_epi16(va, lo, vb);
+}
+
 // PV reading V from the token rows themselves (the bf16 page, or the fp8 page's bf16 copy): each
 // step interleaves rows 2tp and 2tp+1 in registers, 32 columns per vpunpck{l,h}wd pair, in
 // bf16_pack_v's column order. Stores, not shuffles, are what the products share their cycles with
@@ -533,16 +545,9 @@ struct PvRowsTile {
           b[j] = (__m512bh)_mm512_unpacklo_epi16(va, vb);
           b[j + 1] = (__m512bh)_mm512_unpackhi_epi16(va, vb);
         }
-        if constexpr (N % 2 == 1) {  // a last 16-column block (d_latent % 32 == 16): in order
-          const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-          const __m512i va =
-              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + (N - 1) * 16)));
-          const __m512i vb = rb != nullptr ? _mm512_castsi256_si512(_mm256_loadu_si256(
-                                                 reinterpret_cast<const __m256i*>(rb + (N - 1) * 16)))
-                                           : _mm512_setzero_si512();
-          b[N - 1] = (__m512bh)_mm512_permutex2var_epi16(va, lo, vb);
-        }
+        if constexpr (N % 2 == 1)  // a last 16-column block (d_latent % 32 == 16): in order
+          b[N - 1] =
+              (__m512bh)interleave16_in_order(ra + (N - 1) * 16, rb == nullptr ? nullptr : rb + (N - 1) * 16);
 #pragma GCC unroll 32
         for (int i = 0; i < M; ++i) {
           const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[tp * c.sstride + i]));
@@ -577,8 +582,6 @@ struct PvRowsTile {
 // while the PV tiles of every row read them. v_cb: elements between column blocks in vp (pairs of
 // a whole group of pages, when vp points at one page's first pair within it).
 void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp, int64_t v_cb) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   for (int tp = 0; tp < n_tp; ++tp) {
     if (2 * tp >= nt) {  // padding pairs (the AMX path's K of 32 tokens): zero, never read
       for (int j = 0; j < n_cb; ++j) _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_setzero_si512());
@@ -594,14 +597,9 @@ void bf16_pack_v(MlaRows k, int nt, int cb0, int n_cb, int n_tp, uint16_t* vp, i
       _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_unpacklo_epi16(va, vb));
       _mm512_storeu_si512(vp + (j + 1) * v_cb + tp * 32, _mm512_unpackhi_epi16(va, vb));
     }
-    if (j < n_cb) {  // one 16-column block left
-      const __m512i va =
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j * 16)));
-      const __m512i vb =
-          has_b ? _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + j * 16)))
-                : _mm512_setzero_si512();
-      _mm512_storeu_si512(vp + j * v_cb + tp * 32, _mm512_permutex2var_epi16(va, lo, vb));
-    }
+    if (j < n_cb)  // one 16-column block left
+      _mm512_storeu_si512(vp + j * v_cb + tp * 32,
+                          interleave16_in_order(a + j * 16, has_b ? b + j * 16 : nullptr));
   }
 }
 
@@ -665,14 +663,14 @@ struct Bf16Isa {
         MlaTiler<QkQuadBf16Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
         return;
       }
-      ctx.f8 = fp8_source(k, D);
+      ctx.f8 = fp8_source(k);
       MlaTiler<QkQuadF8Tile, 12, 4, QkQuadCtx>::run(nt, static_cast<int>(sstride) / 4, kQkStep, ctx);
     } else {
       QkCtx ctx{k.ptr, k.stride, k.next, k.next_stride, q, int64_t{n_dp} * 16, n_dp, s.s, sstride};
       if (k.fp8 == nullptr) {
         MlaTiler<QkBf16Tile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
       } else {
-        ctx.f8 = fp8_source(k, D);
+        ctx.f8 = fp8_source(k);
         MlaTiler<QkF8Tile, 12, 4, QkCtx>::run(nt, rb_count, kQkStep, ctx);
       }
     }

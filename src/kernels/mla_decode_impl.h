@@ -29,7 +29,8 @@ struct MlaScratch {
   float* q = nullptr;      // packed query: rpad * d_qk f32
   float* s = nullptr;      // scores then probabilities: [group tokens][rpad] f32
   uint8_t* k = nullptr;    // one page converted for the GEMMs: page_tokens * d_qk f32, or the
-                           // AMX path's group of pages as bf16 (max(2, mla_group_pages) pages)
+                           // AMX path's group of pages as bf16 (max(2, mla_group_pages) pages), or
+                           // the bf16 path's page with its fp8 group biases in the second page's room
   uint8_t* v = nullptr;    // packed V (bf16 pairs): group tokens * d_latent * 2 bytes
   uint32_t* p = nullptr;   // packed P (bf16 pairs): (group tokens / 2) * rpad
   float* o = nullptr;      // unnormalised output: [rpad][d_latent] f32

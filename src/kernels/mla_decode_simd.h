@@ -196,7 +196,7 @@ struct MlaRows {
   // (mla_decode_avx512bf16.cpp). fp8_bias: per token and scale group, the exponent rebase.
   const uint8_t* fp8 = nullptr;
   const uint32_t* fp8_bias = nullptr;
-  int fp8_latent = 0;  // d_latent
+  const MlaKvFormat* fp8_format = nullptr;  // the page's layout
 };
 
 // Prefetches the bytes of token t of `next_page` (rows of `row_bytes`) while token t of the

@@ -464,51 +464,56 @@ void check_fp8_pages_exact(const MlaKvFormat& f) {
     return pool.data() + table[b * pages_per_seq + t / f.page_tokens] * f.page_bytes() +
            (t % f.page_tokens) * f.token_bytes();
   };
+  // The latent and scales once: every e4m3 code in every token, rotated; power-of-two group scales
+  // but one, which sends sequence 1's first page down the other conversion.
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < lens[b]; ++t) {
+      uint8_t* tok = slot(b, t);
+      for (int i = 0; i < dl; ++i) {
+        uint8_t code = static_cast<uint8_t>((i + 37 * t) % 256);
+        if ((code & 0x7f) == 0x7f) code ^= 1;  // no NaN codes
+        tok[i] = code;
+      }
+      for (int g = 0; g < f.n_scale_groups(); ++g) {
+        float scale = std::ldexp(1.0f, (t * 4 + g) % 41 - 20);
+        if (b == 1 && t == 5 && g == 2) scale = 0.37f;
+        std::memcpy(tok + f.scales_offset() + 4 * g, &scale, 4);
+      }
+    }
+  }
   // 16 rows: the quad tiles; 64: one column of row-block tiles; 128: a second column, which reads
   // what the first converted. Row h selects through RoPE dimension h % d_rope.
-  for (const int heads : {16, 64, 128})
+  for (const int heads : {16, 64, 128}) {
+    auto dec = MlaDecoder::create({.format = f, .max_batch = 2, .max_rows = heads});
+    ASSERT_TRUE(dec.ok());
+    std::vector<float> q(static_cast<size_t>(2 * heads * D), 0.0f);
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < heads; ++h)
+        q[static_cast<size_t>((b * heads + h) * D + dl + h % f.d_rope)] = 512.0f;
+    std::vector<float> out(static_cast<size_t>(2 * heads * dl)), lse(static_cast<size_t>(2 * heads));
+    const MlaDecodeParams p{.q = q.data(),
+                            .batch = 2,
+                            .s_q = 1,
+                            .heads = heads,
+                            .d_qk = D,
+                            .cache = {pool.data(), n_pages, f.page_bytes(), f},
+                            .block_table = table,
+                            .max_pages = pages_per_seq,
+                            .cache_seqlens = lens,
+                            .softmax_scale = 1.0f,
+                            .out = out.data(),
+                            .lse = lse.data()};
     for (int round = 0; round < 7; ++round) {
-      // Row h of sequence b selects token sel(b, h % d_rope).
+      // Row h of sequence b selects token sel(b, h % d_rope): that token's RoPE is 1 on the dimension.
       auto sel = [&](int b, int h) { return (h * 7 + round * 5 + b) % lens[b]; };
       for (int b = 0; b < 2; ++b) {
         for (int t = 0; t < lens[b]; ++t) {
-          uint8_t* tok = slot(b, t);
-          for (int i = 0; i < dl; ++i) {
-            uint8_t code = static_cast<uint8_t>((i + 37 * t) % 256);
-            if ((code & 0x7f) == 0x7f) code ^= 1;  // no NaN codes
-            tok[i] = code;
-          }
-          for (int g = 0; g < f.n_scale_groups(); ++g) {
-            float scale = std::ldexp(1.0f, (t * 4 + g) % 41 - 20);
-            if (b == 1 && t == 5 && g == 2) scale = 0.37f;
-            std::memcpy(tok + f.scales_offset() + 4 * g, &scale, 4);
-          }
           for (int j = 0; j < f.d_rope; ++j) {
-            const bool on = j < std::min(heads, f.d_rope) && sel(b, j) == t;
-            const uint16_t h = f32_to_bf16(on ? 1.0f : 0.0f);
-            std::memcpy(tok + f.rope_offset() + 2 * j, &h, 2);
+            const uint16_t h = f32_to_bf16(j < std::min(heads, f.d_rope) && sel(b, j) == t ? 1.0f : 0.0f);
+            std::memcpy(slot(b, t) + f.rope_offset() + 2 * j, &h, 2);
           }
         }
       }
-      std::vector<float> q(static_cast<size_t>(2 * heads * D), 0.0f);
-      for (int b = 0; b < 2; ++b)
-        for (int h = 0; h < heads; ++h)
-          q[static_cast<size_t>((b * heads + h) * D + dl + h % f.d_rope)] = 512.0f;
-      std::vector<float> out(static_cast<size_t>(2 * heads * dl)), lse(static_cast<size_t>(2 * heads));
-      MlaDecodeParams p{.q = q.data(),
-                        .batch = 2,
-                        .s_q = 1,
-                        .heads = heads,
-                        .d_qk = D,
-                        .cache = {pool.data(), n_pages, f.page_bytes(), f},
-                        .block_table = table,
-                        .max_pages = pages_per_seq,
-                        .cache_seqlens = lens,
-                        .softmax_scale = 1.0f,
-                        .out = out.data(),
-                        .lse = lse.data()};
-      auto dec = MlaDecoder::create({.format = f, .max_batch = 2, .max_rows = heads});
-      ASSERT_TRUE(dec.ok());
       for (const Path& path : available_paths()) {
         SimdCap cap(path);
         std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
@@ -531,6 +536,7 @@ void check_fp8_pages_exact(const MlaKvFormat& f) {
         }
       }
     }
+  }
 }
 
 TEST(MlaDecode, Fp8FullPagesAreDecodedExactly) {
