@@ -173,6 +173,11 @@ bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
   return m >= 2 && m <= kFp8F16MaxM && fp8_f16_applies(dtype, level, k);
 }
 
+bool fp8_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
+  return dtype == DType::kF8E4M3 && fp8_lanes_m(m) && k % 128 == 0 && fp8_use_vbmi(level) &&
+         !amx_bf16_usable();
+}
+
 namespace {
 
 int64_t padded(int64_t k) {
@@ -214,6 +219,18 @@ void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_
 
 }  // namespace
 
+namespace {
+
+// Whether kBF16 views have room for the transposed pairs (ActView::xt): CPUs with AMX, or with
+// the VBMI converter (fp8_lanes_wanted).
+bool xt_space_wanted() {
+  static const bool wanted =
+      amx_bf16_available() || (cpu_features().avx512_bf16 && __builtin_cpu_supports("avx512vbmi"));
+  return wanted;
+}
+
+}  // namespace
+
 uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   const uint64_t rows = static_cast<uint64_t>(m), s = static_cast<uint64_t>(padded(k));
   switch (kind) {
@@ -221,7 +238,7 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
       return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
     case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt, AMX CPUs)
                           // and their fp16 form (ActView::f16, AVX-512 FP16 CPUs)
-      return align64(rows * s * 2) + (amx_bf16_available() ? align64((s / 2) * (rows + 16) * 4) : 0) +
+      return align64(rows * s * 2) + (xt_space_wanted() ? align64((s / 2) * (rows + 16) * 4) : 0) +
              (fp8_f16_available() ? align64(rows * s * 2) + align64(rows * 4) : 0);
     case ActKind::kQ8:
       return align64(rows * s) + 2 * align64(rows * (s / kQBlock) * 4) + 2 * align64(rows * (s / 4) * 4);
@@ -246,7 +263,7 @@ ActView layout_activations(ActKind kind, bool perm64, int64_t m, int64_t k, void
       a.bf16 = reinterpret_cast<uint16_t*>(base);
       a.bf16_perm64 = perm64;
       base += align64(rows * static_cast<uint64_t>(a.stride) * 2);
-      if (amx_bf16_available()) {
+      if (xt_space_wanted()) {
         a.xt_space = reinterpret_cast<uint32_t*>(base);
         base += align64(static_cast<uint64_t>(a.stride / 2) * (rows + 16) * 4);
       }
@@ -350,7 +367,9 @@ bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
 }
 
 void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool) {
-  if (a.kind != ActKind::kBF16 || a.xt_space == nullptr || !amx_wanted(dtype, level, a.m, a.k)) return;
+  if (a.kind != ActKind::kBF16 || a.xt_space == nullptr ||
+      !(amx_wanted(dtype, level, a.m, a.k) || fp8_lanes_wanted(dtype, level, a.m, a.k)))
+    return;
   const int64_t n_kp = a.stride / 2, stride = a.m + 16;
   uint32_t* xt = a.xt_space;
   pool.parallel_for((n_kp + 15) / 16, 8, [&](int64_t b0, int64_t b1, int) {

@@ -567,7 +567,8 @@ void set_amx_blocking(const AmxBlocking& b) {
 }
 
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
-  if (x.xt == nullptr) return false;
+  // xt is also built for the fp8 lanes kernel on CPUs without (usable) AMX
+  if (x.xt == nullptr || !amx_bf16_usable()) return false;
   // w must be what the view was prepared for (a mismatch is a caller bug, not a fallback)
   CHECK(w.cols == x.k && (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64)));
   return x.m >= amx_min_m(w.dtype) && r0 % 16 == 0;

@@ -9,6 +9,9 @@
 // intrinsics version's converted weights and block sums in too few registers and spills them
 // (one thread, cache-resident, 4 rows: 18-24 GB/s of weights against 50 GB/s for the same
 // instruction stream with fixed registers; `fathom bench gemm --dtype fp8 --m 4 --ceiling`).
+//
+// At 16, 32 and 64 rows on CPUs without usable AMX, fp8_lanes_rows (intrinsics: GCC keeps its
+// loop's 24 accumulators and operands in registers) puts the activation rows across the lanes.
 #include "base/check.h"
 #include "kernels/matmul_fp8_impl.h"
 #include "kernels/matmul_fp8vbmi_conv.h"
@@ -222,11 +225,147 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
         "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
 }
 
+// fp8 weights against 16, 32 or 64 activation rows (the batched decode's dense projections at
+// those batch sizes; fp8_lanes_m): the activation rows lie across the lanes (ActView::xt, the
+// transposed pairs), 16 or 32 at a time, and each weight pair is broadcast, so one vdpbf16ps does
+// one weight pair for 16 rows, with no reduction across lanes and no transposed weights. R weight
+// rows at a time (8 against 16 rows, 4 against 32): each 128-column block of them is converted
+// once into an L1 buffer while the block before is multiplied (a half-row every 16 / (2R) steps of
+// four column pairs), then 64 column pairs x R rows x H lane groups of products in two chains each
+// (even and odd pairs: 16 chains against the ~6.5-cycle latency), and the block's sums times its
+// scale into the totals: the exact per-block numerics of the other paths. The pair kernels
+// convert each weight once per chunk of four or five rows, the GEMM transposes its converted
+// panels. One thread, [1408 x 2048] from L3: 0.74 of the bf16 peak at 16 rows against 0.50 for the
+// pair kernels, from memory 1.28x / 1.34x the pair kernels / GEMM at 16 / 32 rows
+// (docs/PERFORMANCE.md, "Activation rows across the lanes").
+//
+// How many 128-column blocks ahead LanesBlock requests its rows into L1: one thread, [1408 x 2048]
+// at 16 rows from memory, 12 blocks ran at 0.67 of the peak, 8 at 0.63, 4 at 0.56, 2 at 0.49
+// (`bench gemm`, Zen 5).
+constexpr int64_t kLanesAhead = 12;
+
+template <int R, int H>
+struct LanesBlock {
+  static_assert((R == 8 && H == 1) || (R == 4 && H == 2));
+  static constexpr int kStepsPerHalfRow = 16 / (2 * R);
+  // Weight rows w0 + i * K (i < R, one 128-row scale group: scale is its row) against the 16 * H
+  // lane rows of xt (stride xts): tot[i][h] lane l = row i's dot product with activation row
+  // 16h + l. next: the rows after these, whose first blocks are requested at the end, or null.
+  static void run(const Fp8VbmiConvert& conv, const uint8_t* w0, int64_t K, const uint32_t* xt, int64_t xts,
+                  const float* scale, const uint8_t* next, __m512 (&tot)[R][H]) {
+    alignas(64) uint32_t buf[2][R * 64];  // one block of the R rows as bf16 pairs, in their stored order
+    const int64_t nb = K / 128;
+    // half-row j (row j / 2, columns 64 * (j % 2) of the block) of block b, converted into dst
+    const auto convert_half = [&](int64_t b, int j, uint32_t* dst) {
+      const int i = j >> 1, h = j & 1;
+      __m512i a, c;
+      conv.convert64(w0 + i * K + 128 * b + 64 * h, ~__mmask64{0}, a, c);
+      _mm512_store_si512(dst + i * 64 + 32 * h, a);
+      _mm512_store_si512(dst + i * 64 + 32 * h + 16, c);
+    };
+    FATHOM_UNROLL
+    for (int j = 0; j < 2 * R; ++j) convert_half(0, j, buf[0]);
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      FATHOM_UNROLL
+      for (int h = 0; h < H; ++h) tot[i][h] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint32_t* cur = buf[b & 1];
+      uint32_t* nxt = buf[(b + 1) & 1];
+      // the block kLanesAhead ahead, whose half-rows are requested one per conversion (the next
+      // rows' first blocks at the end)
+      const int64_t ba = b + kLanesAhead;
+      const uint8_t* ahead = ba < nb                          ? w0 + 128 * ba
+                             : next != nullptr && ba < 2 * nb ? next + 128 * (ba - nb)
+                                                              : nullptr;
+      __m512 acc[R][H][2];
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) {
+        FATHOM_UNROLL
+        for (int h = 0; h < H; ++h) acc[i][h][0] = acc[i][h][1] = _mm512_setzero_ps();
+      }
+      const uint32_t* xb = xt + b * 64 * xts;
+      for (int step = 0; step < 16; ++step) {  // four column pairs per step
+        const int kp = 4 * step;
+        FATHOM_UNROLL
+        for (int u = 0; u < 4; ++u) {
+          __m512bh xv[H];
+          FATHOM_UNROLL
+          for (int h = 0; h < H; ++h) xv[h] = (__m512bh)_mm512_loadu_si512(xb + (kp + u) * xts + 16 * h);
+          FATHOM_UNROLL
+          for (int i = 0; i < R; ++i) {
+            const __m512bh wv = (__m512bh)_mm512_set1_epi32(static_cast<int>(cur[i * 64 + kp + u]));
+            FATHOM_UNROLL
+            for (int h = 0; h < H; ++h) acc[i][h][u & 1] = _mm512_dpbf16_ps(acc[i][h][u & 1], xv[h], wv);
+          }
+        }
+        if (step % kStepsPerHalfRow == 0) {
+          const int j = step / kStepsPerHalfRow;
+          if (b + 1 < nb) convert_half(b + 1, j, nxt);
+          if (ahead != nullptr)
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + (j >> 1) * K + 64 * (j & 1)), _MM_HINT_T0);
+        }
+      }
+      const __m512 sc = _mm512_set1_ps(scale[b]);
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) {
+        FATHOM_UNROLL
+        for (int h = 0; h < H; ++h)
+          tot[i][h] = _mm512_fmadd_ps(_mm512_add_ps(acc[i][h][0], acc[i][h][1]), sc, tot[i][h]);
+      }
+    }
+  }
+};
+
+// Weight rows [r, r + R) against activation rows [g, g + 16H) of x (xt lanes from g).
+template <int R, int H>
+void fp8_lanes(const Fp8VbmiConvert& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
+               bool accumulate, int64_t r, int64_t g, const uint8_t* next) {
+  __m512 tot[R][H];
+  LanesBlock<R, H>::run(conv, fp8_row(w, r), w.cols, x.xt + g, x.xt_stride, fp8_scale_row(w, r), next, tot);
+  alignas(64) float t[R][H * 16];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, tot[i][h]);
+  }
+  for (int64_t l = 0; l < 16 * H; ++l) {
+    float* yl = y + (g + l) * ldy + r;
+    for (int i = 0; i < R; ++i) yl[i] = accumulate ? yl[i] + t[i][l] : t[i][l];
+  }
+}
+
+// Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's 16 rows through LanesBlock<8, 1>, or its
+// 32 or 64 through LanesBlock<4, 2>, 32 at a time (fp8_lanes_m).
+void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                    int64_t r1) {
+  CHECK(fp8_lanes_m(x.m));
+  const Fp8VbmiConvert conv;
+  for (int64_t r = r0; r < r1; r += 8) {
+    const uint8_t* next8 = r + 8 < r1 ? fp8_row(w, r + 8) : nullptr;
+    if (x.m == 16) {
+      fp8_lanes<8, 1>(conv, w, x, y, ldy, accumulate, r, 0, next8);
+      continue;
+    }
+    for (int64_t g = 0; g < x.m; g += 32) {
+      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r, g, fp8_row(w, r + 4));
+      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r + 4, g, next8);
+    }
+  }
+}
+
 }  // namespace
 
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16 && x.bf16_perm64 && w.dtype == DType::kF8E4M3);
+  if (x.xt != nullptr && fp8_lanes_m(x.m) && w.cols % 128 == 0 && r0 % 8 == 0) {
+    const int64_t r8 = r0 + (r1 - r0) / 8 * 8;  // the last few rows take the pair kernels
+    fp8_lanes_rows(w, x, y, y_stride, accumulate, r0, r8);
+    r0 = r8;
+    if (r0 == r1) return;
+  }
   rows_fp8<Fp8VbmiConv>(w, x, y, y_stride, accumulate, r0, r1);
 }
 

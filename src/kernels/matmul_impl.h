@@ -41,10 +41,11 @@ struct ActView {
   const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
   const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
   const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
-  // AMX (matmul_amx_avx512bf16.cpp): the kBF16 rows as 32-bit column pairs, transposed:
+  // AMX (matmul_amx_avx512bf16.cpp), and fp8_lanes_wanted's kernel on CPUs without AMX: the kBF16
+  // rows as 32-bit column pairs, transposed:
   // xt[kp * xt_stride + i] = columns (2kp, 2kp+1), in the row's stored order, of row i. The
   // xt_stride - m columns past the last row are zero, so a 16-column tile that starts at any row
-  // stays inside. Null until act_build_xt fills it (only where the AMX kernels will run).
+  // stays inside. Null until act_build_xt fills it (only where those kernels will run).
   const uint32_t* xt = nullptr;
   int64_t xt_stride = 0;
   uint32_t* xt_space = nullptr;  // where act_build_xt writes (whole views from layout_activations)
@@ -108,8 +109,8 @@ inline constexpr int64_t amx_min_m(DType dtype) {
   return dtype == DType::kBF16 ? 2 : 4;
 }
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
-// Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted for its rows; a no-op for
-// views without xt_space (not kBF16) or when AMX will not run.
+// Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted or fp8_lanes_wanted for its
+// rows; a no-op for views without xt_space (not kBF16) or when neither kernel will run.
 void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool);
 // Rows [begin, begin + count) of a view (pointers advanced; same stride).
 ActView act_rows(const ActView& a, int64_t begin, int64_t count);
@@ -123,6 +124,16 @@ bool act_enable_f16(ActView& a);
 // 128-column blocks, fp8_use_f16), and whether they do for m activation rows (m in its range).
 bool fp8_f16_applies(DType dtype, SimdLevel level, int64_t k);
 bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
+// fp8 weights at 16, 32 or 64 activation rows (fp8_lanes_m) on CPUs with the VBMI converter and no
+// usable AMX, whole 128-column blocks: the kernel with the activation rows across the lanes
+// (fp8_lanes_rows in matmul_fp8vbmi_avx512bf16.cpp), over the transposed pairs (ActView::xt,
+// which act_build_xt then fills). Row counts that leave lanes empty or a remainder for the pair
+// kernels measured no faster than the pair kernels or the GEMM (12-15 rows 0.91-1.02x, 24 0.87-0.97x,
+// 40-56 0.80-1.03x; `bench gemm --ab`, Zen 5).
+inline bool fp8_lanes_m(int64_t m) {
+  return m == 16 || m == 32 || m == 64;
+}
+bool fp8_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
 // Whether a call over the prepared x takes the fp16 kernel (x has fp16 rows, m in its range,
 // whole 128-column blocks).
 inline bool fp8_f16_rows_ok(const WeightView& w, const ActView& x) {

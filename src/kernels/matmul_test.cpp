@@ -153,6 +153,39 @@ TEST(Matmul, Fp8WholeBlocksEveryMAndRowParity) {
   }
 }
 
+// fp8 weights with whole 128-column blocks at 16-64 activation rows: at 16, 32 and 64 on VBMI CPUs
+// without usable AMX the kernel with the activation rows across the lanes (weight rows eight at a
+// time, the last few through the pair kernels or the GEMM), at the other counts and elsewhere the
+// pair kernels, the GEMM or the tiles. Rows across one or two 128-row scale groups, raw-bit
+// weights (every e4m3 code) in a third of the cases.
+TEST(Matmul, Fp8WholeBlocksSixteenToSixtyFourRows) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t ms[] = {15, 16, 17, 20, 31, 32, 33, 48, 63, 64};
+  int lanes = 0;
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t m : ms) {
+      const int64_t cols = 128 * static_cast<int64_t>(1 + rng.below(4));
+      const int64_t rows =
+          8 * static_cast<int64_t>(1 + rng.below(20)) + (rng.below(2) == 0 ? 0 : rng.below(8));
+      auto w = random_weight(rng, DType::kF8E4M3, rows, cols, rng.below(3) == 0);
+      Case c{rows,
+             cols,
+             m,
+             rng.below(2) == 1,
+             static_cast<int64_t>(rng.below(3)),
+             static_cast<int64_t>(rng.below(3))};
+      lanes += matmul_internal::fp8_lanes_wanted(DType::kF8E4M3, simd_level(), m, cols) ? 1 : 0;
+      check_case(rng, w.view, c, *pool, describe(DType::kF8E4M3, level, c));
+    }
+  }
+  if (matmul_internal::fp8_use_vbmi(SimdLevel::kAvx512Bf16) && !amx_bf16_usable() &&
+      simd_level() >= SimdLevel::kAvx512Bf16) {
+    EXPECT_EQ(lanes, 3) << "16, 32 and 64 rows at the top level take the lanes kernel";
+  }
+}
+
 TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
