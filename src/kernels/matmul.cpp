@@ -174,8 +174,7 @@ bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
 }
 
 bool fp8_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
-  return dtype == DType::kF8E4M3 && fp8_lanes_m(m) && k % 128 == 0 && fp8_use_vbmi(level) &&
-         !amx_bf16_usable();
+  return dtype == DType::kF8E4M3 && lanes_m(m) && k % 128 == 0 && fp8_use_vbmi(level) && !amx_bf16_usable();
 }
 
 namespace {
@@ -221,11 +220,10 @@ void quantize_rows(const ActView& a, SimdLevel level, const float* x, int64_t x_
 
 namespace {
 
-// Whether kBF16 views have room for the transposed pairs (ActView::xt): CPUs with AMX, or with
-// the VBMI converter (fp8_lanes_wanted).
+// Whether kBF16 views have room for the transposed pairs (ActView::xt): CPUs with AMX or AVX-512
+// BF16 (the lanes kernels, fp8_lanes_wanted and bf16_lanes_wanted).
 bool xt_space_wanted() {
-  static const bool wanted =
-      amx_bf16_available() || (cpu_features().avx512_bf16 && __builtin_cpu_supports("avx512vbmi"));
+  static const bool wanted = amx_bf16_available() || cpu_features().avx512_bf16;
   return wanted;
 }
 
@@ -359,6 +357,11 @@ bool act_enable_f16(ActView& a) {
   return true;
 }
 
+bool bf16_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
+  return dtype == DType::kBF16 && bf16_lanes_m(m) && k % 32 == 0 && level >= SimdLevel::kAvx512Bf16 &&
+         !amx_bf16_usable();
+}
+
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
   if (level < SimdLevel::kAvx512Bf16 || m < amx_min_m(dtype) || k % 64 != 0 || !amx_bf16_usable())
     return false;
@@ -368,7 +371,8 @@ bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
 
 void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool) {
   if (a.kind != ActKind::kBF16 || a.xt_space == nullptr ||
-      !(amx_wanted(dtype, level, a.m, a.k) || fp8_lanes_wanted(dtype, level, a.m, a.k)))
+      !(amx_wanted(dtype, level, a.m, a.k) || fp8_lanes_wanted(dtype, level, a.m, a.k) ||
+        bf16_lanes_wanted(dtype, level, a.m, a.k)))
     return;
   const int64_t n_kp = a.stride / 2, stride = a.m + 16;
   uint32_t* xt = a.xt_space;

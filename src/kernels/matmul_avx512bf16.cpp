@@ -5,6 +5,8 @@
 //    dotted with the m activation rows from L1 (fp8: matmul_fp8_impl.h has the row groupings).
 //  - m > 16 (prefill): the blocked GEMM of matmul_gemm_impl.h with a 6x64 micro-kernel over a panel
 //    of k-pairs x 64 output columns ([kc/2][64][2] bf16), transposed once per k-block.
+//  - m = 16 or 32 without usable AMX, k a multiple of 32: the activation rows across the lanes
+//    instead (bf16_lanes_rows).
 #include <cstring>
 
 #include "base/check.h"
@@ -34,6 +36,9 @@ inline __m512bh bcast_pair(const uint16_t* p) {
 inline __m512i load_w32(const uint16_t* row, int64_t k, int64_t n) {
   return n >= 32 ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi16(lanes32(n), row + k);
 }
+
+// How many bytes ahead bf16_lanes requests each row's lines into L1.
+constexpr int64_t kBf16LanesAhead = 3072;
 
 inline void store_y(float* y, bool accumulate, float v) {
   *y = accumulate ? *y + v : v;
@@ -201,6 +206,75 @@ struct Bf16Gemm {
   }
 };
 
+// bf16 weights at 16 or 32 activation rows (the vocabulary head of a batched decode step at those
+// batch sizes; bf16_lanes_m): the activation rows across the lanes as in fp8_lanes_rows
+// (matmul_fp8vbmi_avx512bf16.cpp), each weight pair broadcast straight from its row, so there is
+// nothing to convert or pack and the sums run over the whole row. R weight rows against 16H
+// activation rows (8 x 16 or 4 x 32), two chains per accumulator (even and odd pairs).
+template <int R, int H>
+void bf16_lanes(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
+                int64_t g, const uint16_t* next) {
+  static_assert((R == 8 && H == 1) || (R == 4 && H == 2));
+  const int64_t K = w.cols;
+  const uint16_t* w0 = row_ptr(w, r);
+  const uint32_t* xt = x.xt + g;
+  const int64_t xts = x.xt_stride;
+  __m512 acc[R][H][2];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int h = 0; h < H; ++h) acc[i][h][0] = acc[i][h][1] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; k += 32) {  // 16 column pairs: one line of each row
+    // the line kBf16LanesAhead bytes ahead in each row (the next rows' first lines at the end)
+    const int64_t ka = k + kBf16LanesAhead / 2;
+    FATHOM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const uint16_t* p = ka < K ? w0 + i * K + ka : next != nullptr ? next + i * K + (ka - K) : nullptr;
+      if (p != nullptr) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+    }
+    const uint32_t* xk = xt + (k / 2) * xts;
+    FATHOM_UNROLL
+    for (int u = 0; u < 16; ++u) {
+      __m512bh xv[H];
+      FATHOM_UNROLL
+      for (int h = 0; h < H; ++h) xv[h] = as_bh(_mm512_loadu_si512(xk + u * xts + 16 * h));
+      FATHOM_UNROLL
+      for (int i = 0; i < R; ++i) {
+        const __m512bh wv = bcast_pair(w0 + i * K + k + 2 * u);
+        FATHOM_UNROLL
+        for (int h = 0; h < H; ++h) acc[i][h][u & 1] = _mm512_dpbf16_ps(acc[i][h][u & 1], xv[h], wv);
+      }
+    }
+  }
+  alignas(64) float t[R][H * 16];
+  FATHOM_UNROLL
+  for (int i = 0; i < R; ++i) {
+    FATHOM_UNROLL
+    for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, _mm512_add_ps(acc[i][h][0], acc[i][h][1]));
+  }
+  for (int64_t l = 0; l < 16 * H; ++l) {
+    float* yl = y + (g + l) * ldy + r;
+    for (int i = 0; i < R; ++i) store_y(yl + i, accumulate, t[i][l]);
+  }
+}
+
+// Rows [r0, r1) (r1 - r0 a multiple of 8) against x's 16 or 32 rows (bf16_lanes_m; K a multiple of
+// 32): 8 weight rows against 16 activation rows, or 4 against 32.
+void bf16_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
+                     int64_t r0, int64_t r1) {
+  CHECK(bf16_lanes_m(x.m) && w.cols % 32 == 0);
+  for (int64_t r = r0; r < r1; r += 8) {
+    const uint16_t* next8 = r + 8 < r1 ? row_ptr(w, r + 8) : nullptr;
+    if (x.m == 16) {
+      bf16_lanes<8, 1>(w, x, y, ldy, accumulate, r, 0, next8);
+      continue;
+    }
+    bf16_lanes<4, 2>(w, x, y, ldy, accumulate, r, 0, row_ptr(w, r + 4));
+    bf16_lanes<4, 2>(w, x, y, ldy, accumulate, r + 4, 0, next8);
+  }
+}
+
 }  // namespace
 
 void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride, bool accumulate,
@@ -224,6 +298,12 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
     return;
   }
   CHECK(w.dtype == DType::kBF16);
+  if (x.xt != nullptr && bf16_lanes_m(x.m) && w.cols % 32 == 0) {
+    const int64_t r8 = r0 + (r1 - r0) / 8 * 8;  // the last few rows take the paths below
+    bf16_lanes_rows(w, x, y, y_stride, accumulate, r0, r8);
+    r0 = r8;
+    if (r0 == r1) return;
+  }
   if (x.m <= matvec_max_m(w.dtype, SimdLevel::kAvx512Bf16)) {
     matvec_rows(w, x, y, y_stride, accumulate, r0, r1);
     return;

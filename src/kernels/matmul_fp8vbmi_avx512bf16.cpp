@@ -226,7 +226,7 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
 }
 
 // fp8 weights against 16, 32 or 64 activation rows (the batched decode's dense projections at
-// those batch sizes; fp8_lanes_m): the activation rows lie across the lanes (ActView::xt, the
+// those batch sizes; lanes_m): the activation rows lie across the lanes (ActView::xt, the
 // transposed pairs), 16 or 32 at a time, and each weight pair is broadcast, so one vdpbf16ps does
 // one weight pair for 16 rows, with no reduction across lanes and no transposed weights. R weight
 // rows at a time (8 against 16 rows, 4 against 32): each 128-column block of them is converted
@@ -337,10 +337,10 @@ void fp8_lanes(const Fp8VbmiConvert& conv, const WeightView& w, const ActView& x
 }
 
 // Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's 16 rows through LanesBlock<8, 1>, or its
-// 32 or 64 through LanesBlock<4, 2>, 32 at a time (fp8_lanes_m).
+// 32 or 64 through LanesBlock<4, 2>, 32 at a time (lanes_m).
 void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                     int64_t r1) {
-  CHECK(fp8_lanes_m(x.m));
+  CHECK(lanes_m(x.m));
   const Fp8VbmiConvert conv;
   for (int64_t r = r0; r < r1; r += 8) {
     const uint8_t* next8 = r + 8 < r1 ? fp8_row(w, r + 8) : nullptr;
@@ -360,7 +360,7 @@ void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16 && x.bf16_perm64 && w.dtype == DType::kF8E4M3);
-  if (x.xt != nullptr && fp8_lanes_m(x.m) && w.cols % 128 == 0 && r0 % 8 == 0) {
+  if (x.xt != nullptr && lanes_m(x.m) && w.cols % 128 == 0 && r0 % 8 == 0) {
     const int64_t r8 = r0 + (r1 - r0) / 8 * 8;  // the last few rows take the pair kernels
     fp8_lanes_rows(w, x, y, y_stride, accumulate, r0, r8);
     r0 = r8;

@@ -186,6 +186,37 @@ TEST(Matmul, Fp8WholeBlocksSixteenToSixtyFourRows) {
   }
 }
 
+// bf16 weights with k a multiple of 32 at 15-33 activation rows: at 16 and 32 on AVX-512 BF16 CPUs
+// without usable AMX the kernel with the activation rows across the lanes (weight rows eight at a
+// time, the last few through the row-wise kernel or the GEMM), at the other counts and elsewhere
+// the row-wise kernel, the GEMM or the tiles.
+TEST(Matmul, Bf16SixteenAndThirtyTwoRows) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  const int64_t ms[] = {15, 16, 17, 31, 32, 33};
+  int lanes = 0;
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t m : ms) {
+      const int64_t cols = 32 * static_cast<int64_t>(1 + rng.below(40));
+      const int64_t rows =
+          8 * static_cast<int64_t>(1 + rng.below(20)) + (rng.below(2) == 0 ? 0 : rng.below(8));
+      auto w = random_weight(rng, DType::kBF16, rows, cols, rng.below(3) == 0);
+      Case c{rows,
+             cols,
+             m,
+             rng.below(2) == 1,
+             static_cast<int64_t>(rng.below(3)),
+             static_cast<int64_t>(rng.below(3))};
+      lanes += matmul_internal::bf16_lanes_wanted(DType::kBF16, simd_level(), m, cols) ? 1 : 0;
+      check_case(rng, w.view, c, *pool, describe(DType::kBF16, level, c));
+    }
+  }
+  if (simd_level() >= SimdLevel::kAvx512Bf16 && !amx_bf16_usable()) {
+    EXPECT_EQ(lanes, 2) << "16 and 32 rows at the top level take the lanes kernel";
+  }
+}
+
 TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
