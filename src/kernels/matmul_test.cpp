@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "base/check.h"
 #include "kernels/kernels_test_util.h"
@@ -153,67 +154,61 @@ TEST(Matmul, Fp8WholeBlocksEveryMAndRowParity) {
   }
 }
 
-// fp8 weights with whole 128-column blocks at 16-64 activation rows: at 16, 32 and 64 on VBMI CPUs
+// Weights of type t with k a multiple of col_unit (up to max_units of them) and 8j + (0..7) rows
+// (one or two 128-row scale groups for fp8), raw bits (every code) in a third of the cases, at each
+// of ms activation rows and every SIMD level; returns how many cases at the top level the lanes
+// kernel takes.
+int run_row_counts(Rng& rng, ThreadPool& pool, DType t, int64_t col_unit, int max_units,
+                   std::span<const int64_t> ms) {
+  int lanes = 0;
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t m : ms) {
+      const int64_t cols = col_unit * static_cast<int64_t>(1 + rng.below(static_cast<uint64_t>(max_units)));
+      const int64_t rows =
+          8 * static_cast<int64_t>(1 + rng.below(20)) + (rng.below(2) == 0 ? 0 : rng.below(8));
+      auto w = random_weight(rng, t, rows, cols, rng.below(3) == 0);
+      Case c{rows,
+             cols,
+             m,
+             rng.below(2) == 1,
+             static_cast<int64_t>(rng.below(3)),
+             static_cast<int64_t>(rng.below(3))};
+      const bool top = level == supported_levels().back();
+      lanes += top && (matmul_internal::fp8_lanes_wanted(t, simd_level(), m, cols) ||
+                       matmul_internal::bf16_lanes_wanted(t, simd_level(), m, cols))
+                   ? 1
+                   : 0;
+      check_case(rng, w.view, c, pool, describe(t, level, c));
+    }
+  }
+  return lanes;
+}
+
+// fp8 weights with whole 128-column blocks at 15-64 activation rows: at 16, 32 and 64 on VBMI CPUs
 // without usable AMX the kernel with the activation rows across the lanes (weight rows eight at a
 // time, the last few through the pair kernels or the GEMM), at the other counts and elsewhere the
-// pair kernels, the GEMM or the tiles. Rows across one or two 128-row scale groups, raw-bit
-// weights (every e4m3 code) in a third of the cases.
+// pair kernels, the GEMM or the tiles.
 TEST(Matmul, Fp8WholeBlocksSixteenToSixtyFourRows) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
   const int64_t ms[] = {15, 16, 17, 20, 31, 32, 33, 48, 63, 64};
-  int lanes = 0;
-  for (SimdLevel level : supported_levels()) {
-    SimdCap cap(level);
-    for (int64_t m : ms) {
-      const int64_t cols = 128 * static_cast<int64_t>(1 + rng.below(4));
-      const int64_t rows =
-          8 * static_cast<int64_t>(1 + rng.below(20)) + (rng.below(2) == 0 ? 0 : rng.below(8));
-      auto w = random_weight(rng, DType::kF8E4M3, rows, cols, rng.below(3) == 0);
-      Case c{rows,
-             cols,
-             m,
-             rng.below(2) == 1,
-             static_cast<int64_t>(rng.below(3)),
-             static_cast<int64_t>(rng.below(3))};
-      lanes += matmul_internal::fp8_lanes_wanted(DType::kF8E4M3, simd_level(), m, cols) ? 1 : 0;
-      check_case(rng, w.view, c, *pool, describe(DType::kF8E4M3, level, c));
-    }
-  }
-  if (matmul_internal::fp8_use_vbmi(SimdLevel::kAvx512Bf16) && !amx_bf16_usable() &&
-      simd_level() >= SimdLevel::kAvx512Bf16) {
-    EXPECT_EQ(lanes, 3) << "16, 32 and 64 rows at the top level take the lanes kernel";
+  const int lanes = run_row_counts(rng, *pool, DType::kF8E4M3, 128, 4, ms);
+  if (matmul_internal::fp8_use_vbmi(SimdLevel::kAvx512Bf16) && !amx_bf16_usable()) {
+    EXPECT_EQ(lanes, 3) << "16, 32 and 64 rows take the lanes kernel";
   }
 }
 
 // bf16 weights with k a multiple of 32 at 15-33 activation rows: at 16 and 32 on AVX-512 BF16 CPUs
-// without usable AMX the kernel with the activation rows across the lanes (weight rows eight at a
-// time, the last few through the row-wise kernel or the GEMM), at the other counts and elsewhere
-// the row-wise kernel, the GEMM or the tiles.
+// without usable AMX the kernel with the activation rows across the lanes, at the other counts and
+// elsewhere the row-wise kernel, the GEMM or the tiles.
 TEST(Matmul, Bf16SixteenAndThirtyTwoRows) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
   const int64_t ms[] = {15, 16, 17, 31, 32, 33};
-  int lanes = 0;
-  for (SimdLevel level : supported_levels()) {
-    SimdCap cap(level);
-    for (int64_t m : ms) {
-      const int64_t cols = 32 * static_cast<int64_t>(1 + rng.below(40));
-      const int64_t rows =
-          8 * static_cast<int64_t>(1 + rng.below(20)) + (rng.below(2) == 0 ? 0 : rng.below(8));
-      auto w = random_weight(rng, DType::kBF16, rows, cols, rng.below(3) == 0);
-      Case c{rows,
-             cols,
-             m,
-             rng.below(2) == 1,
-             static_cast<int64_t>(rng.below(3)),
-             static_cast<int64_t>(rng.below(3))};
-      lanes += matmul_internal::bf16_lanes_wanted(DType::kBF16, simd_level(), m, cols) ? 1 : 0;
-      check_case(rng, w.view, c, *pool, describe(DType::kBF16, level, c));
-    }
-  }
-  if (simd_level() >= SimdLevel::kAvx512Bf16 && !amx_bf16_usable()) {
-    EXPECT_EQ(lanes, 2) << "16 and 32 rows at the top level take the lanes kernel";
+  const int lanes = run_row_counts(rng, *pool, DType::kBF16, 32, 40, ms);
+  if (supported_levels().back() >= SimdLevel::kAvx512Bf16 && !amx_bf16_usable()) {
+    EXPECT_EQ(lanes, 2) << "16 and 32 rows take the lanes kernel";
   }
 }
 
