@@ -5,7 +5,7 @@
 //    dotted with the m activation rows from L1 (fp8: matmul_fp8_impl.h has the row groupings).
 //  - m > 16 (prefill): the blocked GEMM of matmul_gemm_impl.h with a 6x64 micro-kernel over a panel
 //    of k-pairs x 64 output columns ([kc/2][64][2] bf16), transposed once per k-block.
-//  - m = 16 or 32 without usable AMX, k a multiple of 32: the activation rows across the lanes
+//  - m = 12-32 without usable AMX, k a multiple of 32: the activation rows across the lanes
 //    instead (bf16_lanes_rows).
 #include <cstring>
 
@@ -206,8 +206,8 @@ struct Bf16Gemm {
   }
 };
 
-// bf16 weights at 16 or 32 activation rows (the vocabulary head of a batched decode step at those
-// batch sizes; bf16_lanes_m): the activation rows across the lanes as in fp8_lanes_rows
+// bf16 weights at 12-32 activation rows (the vocabulary head of a batched decode step;
+// bf16_lanes_m): the activation rows across the lanes as in fp8_lanes_rows
 // (matmul_fp8vbmi_avx512bf16.cpp), each weight pair broadcast straight from its row, so there is
 // nothing to convert or pack and the sums run over the whole row. R weight rows against 16H
 // activation rows (8 x 16 or 4 x 32), two chains per accumulator (even and odd pairs).
@@ -253,20 +253,21 @@ void bf16_lanes(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
     FATHOM_UNROLL
     for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, _mm512_add_ps(acc[i][h][0], acc[i][h][1]));
   }
-  for (int64_t l = 0; l < 16 * H; ++l) {
+  const int64_t n = std::min<int64_t>(16 * H, x.m - g);  // lanes past x's rows hold zeros
+  for (int64_t l = 0; l < n; ++l) {
     float* yl = y + (g + l) * ldy + r;
     for (int i = 0; i < R; ++i) store_y(yl + i, accumulate, t[i][l]);
   }
 }
 
-// Rows [r0, r1) (r1 - r0 a multiple of 8) against x's 16 or 32 rows (bf16_lanes_m; K a multiple of
-// 32): 8 weight rows against 16 activation rows, or 4 against 32.
+// Rows [r0, r1) (r1 - r0 a multiple of 8) against x's 12-32 rows (bf16_lanes_m; K a multiple of 32):
+// 8 weight rows against up to 16 activation rows, or 4 against up to 32.
 void bf16_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate,
                      int64_t r0, int64_t r1) {
   CHECK(bf16_lanes_m(x.m) && w.cols % 32 == 0);
   for (int64_t r = r0; r < r1; r += 8) {
     const uint16_t* next8 = r + 8 < r1 ? row_ptr(w, r + 8) : nullptr;
-    if (x.m == 16) {
+    if (x.m <= 16) {
       bf16_lanes<8, 1>(w, x, y, ldy, accumulate, r, 0, next8);
       continue;
     }

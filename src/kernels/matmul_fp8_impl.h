@@ -17,7 +17,7 @@
 //    gemm --dtype fp8 --m 2 --n 1408 --k 2048 --ceiling`).
 //  - m > 16: the blocked GEMM with a 6x64 micro-kernel (panel [64 pairs][64 columns] per 128-column
 //    k-block, converted once) and the block scale applied per column in the epilogue.
-//  - m = 16, 32, 64 with the VBMI converter and no usable AMX, whole 128-column blocks: the
+//  - m = 12-32 or 62-64 with the VBMI converter and no usable AMX, whole 128-column blocks: the
 //    activation rows across the lanes instead (fp8_lanes_rows, matmul_fp8vbmi_avx512bf16.cpp).
 #pragma once
 

@@ -10,7 +10,7 @@
 // (one thread, cache-resident, 4 rows: 18-24 GB/s of weights against 50 GB/s for the same
 // instruction stream with fixed registers; `fathom bench gemm --dtype fp8 --m 4 --ceiling`).
 //
-// At 16, 32 and 64 rows on CPUs without usable AMX, fp8_lanes_rows (intrinsics: GCC keeps its
+// At 12-32 and 62-64 rows on CPUs without usable AMX, fp8_lanes_rows (intrinsics: GCC keeps its
 // loop's 24 accumulators and operands in registers) puts the activation rows across the lanes.
 #include "base/check.h"
 #include "kernels/matmul_fp8_impl.h"
@@ -225,19 +225,19 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
         "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
 }
 
-// fp8 weights against 16, 32 or 64 activation rows (the batched decode's dense projections at
-// those batch sizes; lanes_m): the activation rows lie across the lanes (ActView::xt, the
-// transposed pairs), 16 or 32 at a time, and each weight pair is broadcast, so one vdpbf16ps does
-// one weight pair for 16 rows, with no reduction across lanes and no transposed weights. R weight
-// rows at a time (8 against 16 rows, 4 against 32): each 128-column block of them is converted
-// once into an L1 buffer while the block before is multiplied (a half-row every 16 / (2R) steps of
-// four column pairs), then 64 column pairs x R rows x H lane groups of products in two chains each
-// (even and odd pairs: 16 chains against the ~6.5-cycle latency), and the block's sums times its
-// scale into the totals: the exact per-block numerics of the other paths. The pair kernels
-// convert each weight once per chunk of four or five rows, the GEMM transposes its converted
-// panels. One thread, [1408 x 2048] from L3: 0.74 of the bf16 peak at 16 rows against 0.50 for the
-// pair kernels, from memory 1.28x / 1.34x the pair kernels / GEMM at 16 / 32 rows
-// (docs/PERFORMANCE.md, "Activation rows across the lanes").
+// fp8 weights against 12-32 or 62-64 activation rows (the batched decode's dense projections;
+// fp8_lanes_m): the activation rows lie across the lanes (ActView::xt, the transposed pairs), 16
+// or 32 at a time, and each weight pair is broadcast, so one vdpbf16ps does one weight pair for 16
+// rows, with no reduction across lanes and no transposed weights. R weight rows at a time (8
+// against up to 16 rows, 4 against up to 32; lanes past x's rows hold zeros): each 128-column
+// block of them is converted once into an L1 buffer while the block before is multiplied (a
+// half-row every 16 / (2R) steps of four column pairs), then 64 column pairs x R rows x H lane
+// groups of products in two chains each (even and odd pairs: 16 chains against the ~6.5-cycle
+// latency), and the block's sums times its scale into the totals: the exact per-block numerics of
+// the other paths. The pair kernels convert each weight once per chunk of four or five rows, the
+// GEMM transposes its converted panels. One thread, [1408 x 2048] from L3: 0.74 of the bf16 peak
+// at 16 rows against 0.50 for the pair kernels, from memory 1.28x / 1.34x the pair kernels / GEMM
+// at 16 / 32 rows (docs/PERFORMANCE.md, "Activation rows across the lanes").
 //
 // How many 128-column blocks ahead LanesBlock requests its rows into L1: one thread, [1408 x 2048]
 // at 16 rows from memory, 12 blocks ran at 0.67 of the peak, 8 at 0.63, 4 at 0.56, 2 at 0.49
@@ -330,21 +330,22 @@ void fp8_lanes(const Fp8VbmiConvert& conv, const WeightView& w, const ActView& x
     FATHOM_UNROLL
     for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, tot[i][h]);
   }
-  for (int64_t l = 0; l < 16 * H; ++l) {
+  const int64_t n = std::min<int64_t>(16 * H, x.m - g);  // lanes past x's rows hold zeros
+  for (int64_t l = 0; l < n; ++l) {
     float* yl = y + (g + l) * ldy + r;
     for (int i = 0; i < R; ++i) yl[i] = accumulate ? yl[i] + t[i][l] : t[i][l];
   }
 }
 
-// Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's 16 rows through LanesBlock<8, 1>, or its
-// 32 or 64 through LanesBlock<4, 2>, 32 at a time (lanes_m).
+// Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's rows (fp8_lanes_m): up to 16 through
+// LanesBlock<8, 1>, more through LanesBlock<4, 2>, 32 at a time.
 void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                     int64_t r1) {
-  CHECK(lanes_m(x.m));
+  CHECK(fp8_lanes_m(x.m));
   const Fp8VbmiConvert conv;
   for (int64_t r = r0; r < r1; r += 8) {
     const uint8_t* next8 = r + 8 < r1 ? fp8_row(w, r + 8) : nullptr;
-    if (x.m == 16) {
+    if (x.m <= 16) {
       fp8_lanes<8, 1>(conv, w, x, y, ldy, accumulate, r, 0, next8);
       continue;
     }
@@ -360,7 +361,7 @@ void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy
 void rows_fp8_vbmi_avx512bf16(const WeightView& w, const ActView& x, float* y, int64_t y_stride,
                               bool accumulate, int64_t r0, int64_t r1) {
   CHECK(x.kind == ActKind::kBF16 && x.bf16_perm64 && w.dtype == DType::kF8E4M3);
-  if (x.xt != nullptr && lanes_m(x.m) && w.cols % 128 == 0 && r0 % 8 == 0) {
+  if (x.xt != nullptr && fp8_lanes_m(x.m) && w.cols % 128 == 0 && r0 % 8 == 0) {
     const int64_t r8 = r0 + (r1 - r0) / 8 * 8;  // the last few rows take the pair kernels
     fp8_lanes_rows(w, x, y, y_stride, accumulate, r0, r8);
     r0 = r8;

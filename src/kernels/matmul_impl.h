@@ -124,22 +124,22 @@ bool act_enable_f16(ActView& a);
 // 128-column blocks, fp8_use_f16), and whether they do for m activation rows (m in its range).
 bool fp8_f16_applies(DType dtype, SimdLevel level, int64_t k);
 bool fp8_f16_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
-// fp8 weights at 16, 32 or 64 activation rows (lanes_m) on CPUs with the VBMI converter and no
+// fp8 weights at 12-32 or 62-64 activation rows (fp8_lanes_m) on CPUs with the VBMI converter and no
 // usable AMX, whole 128-column blocks: the kernel with the activation rows across the lanes
 // (fp8_lanes_rows in matmul_fp8vbmi_avx512bf16.cpp), over the transposed pairs (ActView::xt,
-// which act_build_xt then fills). Row counts that leave lanes empty or a remainder for the pair
-// kernels measured no faster than the pair kernels or the GEMM (12-15 rows 0.91-1.02x, 24 0.87-0.97x,
-// 40-56 0.80-1.03x; `bench gemm --ab`, Zen 5).
-inline bool lanes_m(int64_t m) {
-  return m == 16 || m == 32 || m == 64;
+// which act_build_xt then fills). Against the pair kernels (up to 16 rows) or the GEMM, two threads,
+// [3072 x 2048] from memory (`bench gemm --ab`, Zen 5): 1.03-1.16x at 12-15 rows, 1.11-1.31x at
+// 16-32, 0.74-1.03x at 40-60 (lanes left empty, or a second pass), 1.04-1.11x at 62-64.
+inline bool fp8_lanes_m(int64_t m) {
+  return (m >= 12 && m <= 32) || (m >= 62 && m <= 64);
 }
 bool fp8_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
-// bf16 weights at 16 or 32 activation rows (bf16_lanes_m) on AVX-512 BF16 CPUs without usable AMX,
-// k a multiple of 32: the same orientation with the weight pairs broadcast straight from the rows
-// (bf16_lanes_rows in matmul_avx512bf16.cpp). At 64 rows it measured level with the GEMM
-// (0.97-1.07x).
+// bf16 weights at 12-32 activation rows (bf16_lanes_m) on AVX-512 BF16 CPUs without usable AMX, k a
+// multiple of 32: the same orientation with the weight pairs broadcast straight from the rows
+// (bf16_lanes_rows in matmul_avx512bf16.cpp): [102400 x 2048] 1.27-1.45x at 12-16 rows, 1.20-1.31x
+// at 24-32; at 64 rows level with the GEMM (0.97-1.07x).
 inline bool bf16_lanes_m(int64_t m) {
-  return m == 16 || m == 32;
+  return m >= 12 && m <= 32;
 }
 bool bf16_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
 // Whether a call over the prepared x takes the fp16 kernel (x has fp16 rows, m in its range,

@@ -56,10 +56,13 @@ void check_case_x(Rng& rng, const WeightView& w, const Case& c, ThreadPool& pool
   std::vector<float> x(static_cast<size_t>(c.m * xs), 777.0f), y(static_cast<size_t>(c.m * ys), 0.0f);
   for (int64_t i = 0; i < c.m; ++i)
     std::memcpy(x.data() + i * xs, xdense.data() + i * w.cols, static_cast<size_t>(w.cols) * 4);
-  std::vector<float> y0 = random_floats(rng, c.m * ys);
+  // 16 guard rows past the m output rows (a kernel's lane group): nothing may write there
+  std::vector<float> y0 = random_floats(rng, (c.m + 16) * ys);
   y = y0;
   matmul(w, x.data(), c.m, y.data(), pool,
          MatmulOptions{.x_stride = xs, .y_stride = ys, .accumulate = c.accumulate});
+  for (int64_t i = c.m * ys; i < (c.m + 16) * ys; ++i)
+    ASSERT_EQ(y[static_cast<size_t>(i)], y0[static_cast<size_t>(i)]) << what << " wrote past its m rows";
   std::vector<double> ref(static_cast<size_t>(c.m * w.rows));
   matmul_ref(w, xdense.data(), c.m, ref.data());
   const std::vector<double> scale = abs_dot(w, xdense.data(), c.m);
@@ -185,30 +188,30 @@ int run_row_counts(Rng& rng, ThreadPool& pool, DType t, int64_t col_unit, int ma
   return lanes;
 }
 
-// fp8 weights with whole 128-column blocks at 15-64 activation rows: at 16, 32 and 64 on VBMI CPUs
-// without usable AMX the kernel with the activation rows across the lanes (weight rows eight at a
-// time, the last few through the pair kernels or the GEMM), at the other counts and elsewhere the
-// pair kernels, the GEMM or the tiles.
-TEST(Matmul, Fp8WholeBlocksSixteenToSixtyFourRows) {
+// fp8 weights with whole 128-column blocks at 11-65 activation rows: at 12-32 and 62-64 on VBMI CPUs
+// without usable AMX the kernel with the activation rows across the lanes (lanes past the rows
+// empty; weight rows eight at a time, the last few through the pair kernels or the GEMM), at the
+// other counts and elsewhere the pair kernels, the GEMM or the tiles.
+TEST(Matmul, Fp8WholeBlocksElevenToSixtyFiveRows) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
-  const int64_t ms[] = {15, 16, 17, 20, 31, 32, 33, 48, 63, 64};
+  const int64_t ms[] = {11, 12, 13, 16, 17, 24, 31, 32, 33, 48, 61, 62, 63, 64, 65};
   const int lanes = run_row_counts(rng, *pool, DType::kF8E4M3, 128, 4, ms);
   if (matmul_internal::fp8_use_vbmi(SimdLevel::kAvx512Bf16) && !amx_bf16_usable()) {
-    EXPECT_EQ(lanes, 3) << "16, 32 and 64 rows take the lanes kernel";
+    EXPECT_EQ(lanes, 10) << "12-32 and 62-64 rows take the lanes kernel";
   }
 }
 
-// bf16 weights with k a multiple of 32 at 15-33 activation rows: at 16 and 32 on AVX-512 BF16 CPUs
-// without usable AMX the kernel with the activation rows across the lanes, at the other counts and
-// elsewhere the row-wise kernel, the GEMM or the tiles.
-TEST(Matmul, Bf16SixteenAndThirtyTwoRows) {
+// bf16 weights with k a multiple of 32 at 11-33 activation rows: at 12-32 on AVX-512 BF16 CPUs
+// without usable AMX the kernel with the activation rows across the lanes, at the other counts
+// and elsewhere the row-wise kernel, the GEMM or the tiles.
+TEST(Matmul, Bf16ElevenToThirtyThreeRows) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
-  const int64_t ms[] = {15, 16, 17, 31, 32, 33};
+  const int64_t ms[] = {11, 12, 15, 16, 17, 29, 32, 33};
   const int lanes = run_row_counts(rng, *pool, DType::kBF16, 32, 40, ms);
   if (supported_levels().back() >= SimdLevel::kAvx512Bf16 && !amx_bf16_usable()) {
-    EXPECT_EQ(lanes, 2) << "16 and 32 rows take the lanes kernel";
+    EXPECT_EQ(lanes, 6) << "12-32 rows take the lanes kernel";
   }
 }
 
