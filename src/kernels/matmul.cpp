@@ -379,10 +379,10 @@ bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
   return dtype == DType::kBF16 || (dtype == DType::kF8E4M3 && fp8_use_vbmi(level));
 }
 
-void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool) {
+void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool, bool lanes) {
   if (a.kind != ActKind::kBF16 || a.xt_space == nullptr ||
-      !(amx_wanted(dtype, level, a.m, a.k) || fp8_lanes_wanted(dtype, level, a.m, a.k) ||
-        bf16_lanes_wanted(dtype, level, a.m, a.k)))
+      !(amx_wanted(dtype, level, a.m, a.k) ||
+        (lanes && (fp8_lanes_wanted(dtype, level, a.m, a.k) || bf16_lanes_wanted(dtype, level, a.m, a.k)))))
     return;
   const int64_t n_kp = a.stride / 2, stride = static_cast<int64_t>(xt_stride_for(static_cast<uint64_t>(a.m)));
   uint32_t* xt = a.xt_space;

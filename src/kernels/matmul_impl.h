@@ -109,9 +109,12 @@ inline constexpr int64_t amx_min_m(DType dtype) {
   return dtype == DType::kBF16 ? 2 : 4;
 }
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k);
-// Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted or fp8_lanes_wanted for its
-// rows; a no-op for views without xt_space (not kBF16) or when neither kernel will run.
-void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool);
+// Fills a's transposed pairs (ActView::xt) over the pool when amx_wanted, or (with `lanes`)
+// fp8_lanes_wanted or bf16_lanes_wanted, for its rows; a no-op for views without xt_space (not
+// kBF16) or when no such kernel will run. The experts' gathered views pass lanes = false: their
+// row subsets would take the lanes kernels or not by the whole batch's count, so an expert's
+// results would depend on which other tokens share the step (or the expert-parallel rank).
+void act_build_xt(ActView& a, DType dtype, SimdLevel level, ThreadPool& pool, bool lanes = true);
 // Rows [begin, begin + count) of a view (pointers advanced; same stride).
 ActView act_rows(const ActView& a, int64_t begin, int64_t count);
 // Copies row `src_row` of src into row `dst_row` of dst (same kind and k; dst from layout_activations),

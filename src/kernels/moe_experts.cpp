@@ -245,7 +245,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   pool.parallel_for(n_assign, 16, [&](int64_t a0, int64_t a1, int) {
     for (int64_t a = a0; a < a1; ++a) copy_act_row(xp, s.assign_token[static_cast<size_t>(a)], xg, a);
   });
-  act_build_xt(xg, gate_type, level, pool);
+  act_build_xt(xg, gate_type, level, pool, /*lanes=*/false);
 
   // 2. gate and up, then h = silu(gate) * up
   auto* gate_out = s.gate_out.as<float>();
@@ -267,8 +267,9 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   });
 
   // 3. prepare h; 4. down into per-assignment outputs (the gathered-x buffer is free again)
-  const ActView hp = prepare_activations(down_type, level, gate_out, n_assign, p.inter, p.inter,
-                                         s.h_prep.data(), pool, true, f16_counts ? 1 : 0);
+  ActView hp = prepare_activations(down_type, level, gate_out, n_assign, p.inter, p.inter, s.h_prep.data(),
+                                   pool, false, f16_counts ? 1 : 0);
+  act_build_xt(hp, down_type, level, pool, /*lanes=*/false);
   auto* out = s.xg.as<float>();
   make_tasks(s, p.hidden, down_type, level);
   pool.run_from_both_ends(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {
