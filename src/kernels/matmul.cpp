@@ -244,8 +244,8 @@ uint64_t act_scratch_bytes(ActKind kind, DType dtype, int64_t m, int64_t k) {
   switch (kind) {
     case ActKind::kF32:
       return needs_rounding(dtype) ? align64(rows * static_cast<uint64_t>(k) * 4) : 0;
-    case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt, AMX CPUs)
-                          // and their fp16 form (ActView::f16, AVX-512 FP16 CPUs)
+    case ActKind::kBF16:  // the rows, then room for their transposed pairs (ActView::xt, AMX or
+                          // AVX-512 BF16 CPUs) and their fp16 form (ActView::f16, AVX-512 FP16 CPUs)
       return align64(rows * s * 2) + (xt_space_wanted() ? align64((s / 2) * xt_stride_for(rows) * 4) : 0) +
              (fp8_f16_available() ? align64(rows * s * 2) + align64(rows * 4) : 0);
     case ActKind::kQ8:

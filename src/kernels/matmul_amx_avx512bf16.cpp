@@ -567,7 +567,7 @@ void set_amx_blocking(const AmxBlocking& b) {
 }
 
 bool amx_rows_ok(const WeightView& w, const ActView& x, int64_t r0) {
-  // xt is also built for the fp8 lanes kernel on CPUs without (usable) AMX
+  // xt is also built for the lanes kernels on CPUs without (usable) AMX
   if (x.xt == nullptr || !amx_bf16_usable()) return false;
   // w must be what the view was prepared for (a mismatch is a caller bug, not a fallback)
   CHECK(w.cols == x.k && (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && x.bf16_perm64)));

@@ -41,11 +41,12 @@ struct ActView {
   const int32_t* qcorr_block = nullptr;  // [m, stride / 32] -128 * sum(q over the block)
   const int32_t* qcorr_lane = nullptr;   // [m, stride / 4]  -128 * sum(q over each group of 4)
   const float* qd_lane = nullptr;        // [m, stride / 4]  d of each group's block (AVX-512 only)
-  // AMX (matmul_amx_avx512bf16.cpp), and fp8_lanes_wanted's kernel on CPUs without AMX: the kBF16
-  // rows as 32-bit column pairs, transposed:
+  // AMX (matmul_amx_avx512bf16.cpp), and the lanes kernels on CPUs without AMX (fp8_lanes_wanted,
+  // bf16_lanes_wanted): the kBF16 rows as 32-bit column pairs, transposed:
   // xt[kp * xt_stride + i] = columns (2kp, 2kp+1), in the row's stored order, of row i. The
   // xt_stride - m columns past the last row are zero, so a 16-column tile that starts at any row
-  // stays inside. Null until act_build_xt fills it (only where those kernels will run).
+  // stays inside, and xt_stride is a multiple of 16 (each k-pair's row starts on a cache line). Null until
+  // act_build_xt fills it (only where those kernels will run).
   const uint32_t* xt = nullptr;
   int64_t xt_stride = 0;
   uint32_t* xt_space = nullptr;  // where act_build_xt writes (whole views from layout_activations)
