@@ -37,7 +37,8 @@ inline __m512i load_w32(const uint16_t* row, int64_t k, int64_t n) {
   return n >= 32 ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi16(lanes32(n), row + k);
 }
 
-// How many bytes ahead bf16_lanes requests each row's lines into L1.
+// How many bytes ahead bf16_lanes requests each row's lines into L1 (1536 and 6144 measured within
+// 2% of this for the [102400 x 2048] head at 16 and 32 rows, `bench gemm --ab`, Zen 5).
 constexpr int64_t kBf16LanesAhead = 3072;
 
 inline void store_y(float* y, bool accumulate, float v) {
