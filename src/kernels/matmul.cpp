@@ -178,6 +178,11 @@ bool fp8_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
          !amx_bf16_usable();
 }
 
+bool bf16_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
+  return dtype == DType::kBF16 && bf16_lanes_m(m) && k % 32 == 0 && level >= SimdLevel::kAvx512Bf16 &&
+         !amx_bf16_usable();
+}
+
 namespace {
 
 int64_t padded(int64_t k) {
@@ -365,11 +370,6 @@ bool act_enable_f16(ActView& a) {
   a.f16 = a.f16_space;
   a.f16_unscale = a.f16_unscale_space;
   return true;
-}
-
-bool bf16_lanes_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {
-  return dtype == DType::kBF16 && bf16_lanes_m(m) && k % 32 == 0 && level >= SimdLevel::kAvx512Bf16 &&
-         !amx_bf16_usable();
 }
 
 bool amx_wanted(DType dtype, SimdLevel level, int64_t m, int64_t k) {

@@ -248,17 +248,13 @@ void bf16_lanes(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
       }
     }
   }
-  alignas(64) float t[R][H * 16];
+  __m512 tot[R][H];
   FATHOM_UNROLL
   for (int i = 0; i < R; ++i) {
     FATHOM_UNROLL
-    for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, _mm512_add_ps(acc[i][h][0], acc[i][h][1]));
+    for (int h = 0; h < H; ++h) tot[i][h] = _mm512_add_ps(acc[i][h][0], acc[i][h][1]);
   }
-  const int64_t n = std::min<int64_t>(16 * H, x.m - g);  // lanes past x's rows hold zeros
-  for (int64_t l = 0; l < n; ++l) {
-    float* yl = y + (g + l) * ldy + r;
-    for (int i = 0; i < R; ++i) store_y(yl + i, accumulate, t[i][l]);
-  }
+  store_lanes<R, H>(tot, y, ldy, accumulate, r, g, std::min<int64_t>(16 * H, x.m - g));
 }
 
 // Rows [r0, r1) (r1 - r0 a multiple of 8) against x's 12-32 rows (bf16_lanes_m; K a multiple of 32):

@@ -324,17 +324,7 @@ void fp8_lanes(const Fp8VbmiConvert& conv, const WeightView& w, const ActView& x
                bool accumulate, int64_t r, int64_t g, const uint8_t* next) {
   __m512 tot[R][H];
   LanesBlock<R, H>::run(conv, fp8_row(w, r), w.cols, x.xt + g, x.xt_stride, fp8_scale_row(w, r), next, tot);
-  alignas(64) float t[R][H * 16];
-  FATHOM_UNROLL
-  for (int i = 0; i < R; ++i) {
-    FATHOM_UNROLL
-    for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, tot[i][h]);
-  }
-  const int64_t n = std::min<int64_t>(16 * H, x.m - g);  // lanes past x's rows hold zeros
-  for (int64_t l = 0; l < n; ++l) {
-    float* yl = y + (g + l) * ldy + r;
-    for (int i = 0; i < R; ++i) yl[i] = accumulate ? yl[i] + t[i][l] : t[i][l];
-  }
+  store_lanes<R, H>(tot, y, ldy, accumulate, r, g, std::min<int64_t>(16 * H, x.m - g));
 }
 
 // Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's rows (fp8_lanes_m): up to 16 through

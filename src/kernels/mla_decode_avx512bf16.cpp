@@ -250,6 +250,18 @@ struct Fp8TileRows {
   void convert(int ch) const { fp8_convert_chunk<M>(f8, stride, bias, groups, ch, kw, kstride); }
 };
 
+// The QK tiles' request for the next page: for step IDX of UNIT bytes per row, the line it starts
+// (where that is a line's start below the row length STRIDE) of the tile's M rows of that page
+// (PF: its row of token t0, or null), into L1. A macro so that the requests stay written out in
+// each loop: moved into a lambda or an inline function, GCC 12 dropped them.
+// clang-format off
+#define MLA_PREFETCH_NEXT_LINE(PF, STRIDE, IDX, UNIT)                                                  \
+  if ((PF) != nullptr && (IDX) % (64 / (UNIT)) == 0 && (IDX) * (UNIT) < (STRIDE)) {                   \
+    _Pragma("GCC unroll 32") for (int i = 0; i < M; ++i)                                               \
+      _mm_prefetch(reinterpret_cast<const char*>((PF) + i * (STRIDE) + (IDX) * (UNIT)), _MM_HINT_T0);  \
+  }
+// clang-format on
+
 struct QkCtx {
   const uint8_t* k;     // token rows (bf16 pairs)
   int64_t k_stride;     // bytes
@@ -292,8 +304,7 @@ struct QkTile {
         }
       };
       // The first column of tiles reads every token row once: it prefetches the same rows of
-      // the next page, a cache line per 16 d-pairs until the row is covered (written out in each
-      // loop, as in QkQuadTile).
+      // the next page, a cache line per 16 d-pairs until the row is covered.
       const uint8_t* pf = rb0 == 0 && c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
       int dp = 0, dp0 = 0;
       const uint8_t* rest = k;  // the rows of d-pairs dp0 .. n_dp
@@ -306,11 +317,7 @@ struct QkTile {
           for (int ch = 0; ch < f.chunks; ++ch) {
             if (ch + 1 < f.chunks) rows.convert(ch + 1);
             for (const int end = dp + 16; dp < end; ++dp) {
-              if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
-#pragma GCC unroll 32
-                for (int i = 0; i < M; ++i)
-                  _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
-              }
+              MLA_PREFETCH_NEXT_LINE(pf, c.next_stride, dp, 4)
               step(dp, k + dp * 4, c.k_stride);
             }
           }
@@ -322,11 +329,7 @@ struct QkTile {
         dp0 = dp;
       }
       for (; dp < c.n_dp; ++dp) {
-        if (pf != nullptr && dp % 16 == 0 && dp * 4 < c.next_stride) {
-#pragma GCC unroll 32
-          for (int i = 0; i < M; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + dp * 4), _MM_HINT_T0);
-        }
+        MLA_PREFETCH_NEXT_LINE(pf, c.next_stride, dp, 4)
         step(dp, rest + (dp - dp0) * 4, rest_stride);
       }
       float* s = c.s + t0 * c.sstride + rb0 * 16;
@@ -419,8 +422,7 @@ struct QkQuadTile {
         }
       };
       auto load16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-      // The same rows of the next page, a cache line per 4 quads until the row is covered. (Written
-      // out in both loops: moved into a lambda or an inline function, GCC 12 dropped the prefetches.)
+      // The same rows of the next page, a cache line per 4 quads until the row is covered.
       const uint8_t* pf = c.next != nullptr ? c.next + t0 * c.next_stride : nullptr;
       int g = 0;
       const uint8_t* rest = k;  // the rows of quads g0 .. n_quads (all of them in bf16 rows)
@@ -433,11 +435,7 @@ struct QkQuadTile {
         for (int ch = 0; ch < f.chunks; ++ch) {
           if (ch + 1 < f.chunks) rows.convert(ch + 1);
           for (const int end = g + 4; g < end; ++g) {
-            if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
-#pragma GCC unroll 32
-              for (int i = 0; i < M; ++i)
-                _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + g * 16), _MM_HINT_T0);
-            }
+            MLA_PREFETCH_NEXT_LINE(pf, c.next_stride, g, 16)
             step(g, k + g * 16, c.k_stride, load16);
           }
         }
@@ -446,11 +444,7 @@ struct QkQuadTile {
         g0 = g;
       }
       for (; g < c.n_quads; ++g) {
-        if (pf != nullptr && g % 4 == 0 && g * 16 < c.next_stride) {
-#pragma GCC unroll 32
-          for (int i = 0; i < M; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + i * c.next_stride + g * 16), _MM_HINT_T0);
-        }
+        MLA_PREFETCH_NEXT_LINE(pf, c.next_stride, g, 16)
         step(g, rest + (g - g0) * 16, rest_stride, load16);
       }
       if (c.tail > 0) {  // the last d-pairs of the row: never read past it

@@ -134,5 +134,21 @@ inline void store_tile16(float* c, __m512 acc, int64_t nr, bool overwrite) {
   }
 }
 
+// The lanes kernels' totals (fp8_lanes_rows, bf16_lanes_rows): tot[i][h] lane l is weight row
+// r + i against activation row g + 16h + l; rows from g up to n (the lanes past x's rows hold
+// zeros) are written (or added) at y[row * ldy + r + i].
+template <int R, int H>
+inline void store_lanes(const __m512 (&tot)[R][H], float* y, int64_t ldy, bool accumulate, int64_t r,
+                        int64_t g, int64_t n) {
+  alignas(64) float t[R][H * 16];
+  for (int i = 0; i < R; ++i) {
+    for (int h = 0; h < H; ++h) _mm512_store_ps(t[i] + 16 * h, tot[i][h]);
+  }
+  for (int64_t l = 0; l < n; ++l) {
+    float* yl = y + (g + l) * ldy + r;
+    for (int i = 0; i < R; ++i) yl[i] = accumulate ? yl[i] + t[i][l] : t[i][l];
+  }
+}
+
 }  // namespace
 }  // namespace fathom::matmul_internal
