@@ -56,6 +56,16 @@ inline AheadRows rows_ahead(const WeightView& w, int64_t r, int64_t r1, int R) {
   const int64_t n = std::min<int64_t>(R, r1 - r);
   return n > 0 ? AheadRows{fp8_row(w, r), static_cast<int>(n)} : AheadRows{};
 }
+// The far rows: rows_ahead while whole groups of R rows remain before r1, then R rows' worth of
+// the bytes the thread reads next (t_next_weights), as far past their start as r is past r1; none
+// where neither holds R rows.
+inline AheadRows far_rows(const WeightView& w, int64_t r, int64_t r1, int R) {
+  if (r + R <= r1) return AheadRows{fp8_row(w, r), R};
+  const NextWeights& nw = t_next_weights;
+  const int64_t off = std::max<int64_t>(r - r1, 0) * w.cols;
+  if (off + R * w.cols <= nw.bytes) return AheadRows{nw.p + off, R};
+  return rows_ahead(w, r, r1, R);
+}
 
 inline __m512bh bh(__m512i v) {
   return (__m512bh)v;
@@ -190,7 +200,7 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
     fp8_mv_chunk<Conv, R, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r,
-                                rows_ahead(w, r + kAhead, r1, R), rows_ahead(w, r + kFar, r1, R));
+                                rows_ahead(w, r + kAhead, r1, R), far_rows(w, r + kFar, r1, R));
   }
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
@@ -294,7 +304,7 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
       for (; r + R <= re; r += R) {
         // the first chunk's sweep reads the rows from memory; later chunks find them in L1
         const AheadRows next = c == 0 ? rows_ahead(w, r + 2 * R, r1, R) : AheadRows{},
-                        far = c == 0 ? rows_ahead(w, r + kFp8FarRowsPair, r1, R) : AheadRows{};
+                        far = c == 0 ? far_rows(w, r + kFp8FarRowsPair, r1, R) : AheadRows{};
         if constexpr (HasPairKernel<Conv>) {
           if (pairs) {  // the pair kernel takes two whole rows each (these rows again when there are none)
             fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, next.n == R ? next.p : fp8_row(w, r),

@@ -259,6 +259,26 @@ inline const float* fp8_scale_row(const WeightView& w, int64_t r) {
   return w.scale_inv + (r / 128) * scale_cols;
 }
 
+// The weights the calling thread reads after the current kernel call (the grouped experts' next
+// task: moe_experts.cpp), which the row-wise fp8 kernels request into L2 in place of their own rows
+// once their far requests pass the call's last row, so the next call does not start with an empty
+// stream. A byte range; its first bytes are requested as if they were the rows after r1. Set with
+// NextWeightsScope around a kernel call on the thread that runs it; empty otherwise.
+struct NextWeights {
+  const uint8_t* p = nullptr;
+  int64_t bytes = 0;
+};
+inline thread_local NextWeights t_next_weights;
+class NextWeightsScope {
+ public:
+  NextWeightsScope(const void* p, int64_t bytes) {
+    t_next_weights = NextWeights{static_cast<const uint8_t*>(p), p != nullptr ? bytes : 0};
+  }
+  ~NextWeightsScope() { t_next_weights = {}; }
+  NextWeightsScope(const NextWeightsScope&) = delete;
+  NextWeightsScope& operator=(const NextWeightsScope&) = delete;
+};
+
 // The row ends the fp8 pair kernels' assembly indexes with %[k] running from -K to 0: weight rows
 // w and w + K, the rows pf, pf + K requested into L1 and far, far + K into L2, and m (1..4)
 // activation rows x + i * xs (2-byte elements; rows beyond m point at row 0 and are never read).

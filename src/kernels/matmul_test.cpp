@@ -616,6 +616,35 @@ TEST(Matmul, ResultsDoNotDependOnThreadCount) {
   }
 }
 
+// NextWeightsScope (the grouped experts' "what this thread reads next") only moves prefetches: with
+// it pointing at other weights, at a range shorter than the kernel's far distance or at nothing,
+// every kernel form gives the same bits (one thread, whose calls see the scope, at each SIMD level).
+TEST(Matmul, NextWeightsHintDoesNotChangeResults) {
+  Rng rng(test_seed());
+  for (DType t : kAllTypes) {
+    auto w = random_weight(rng, t, 296, 512);
+    auto other = random_weight(rng, t, 64, 512);
+    const int64_t other_bytes = static_cast<int64_t>(dtype_bytes(t, 64 * 512));
+    auto pool = ThreadPool::create(1);
+    for (SimdLevel level : supported_levels()) {
+      SimdCap cap(level);
+      for (int64_t m : {1, 2, 3, 5, 8, 16}) {
+        std::vector<float> x = random_floats(rng, m * 512);
+        std::vector<float> y0(static_cast<size_t>(m * 296)), y1(y0.size());
+        matmul(w.view, x.data(), m, y0.data(), *pool);
+        for (int64_t bytes : {other_bytes, int64_t{512}, int64_t{0}}) {
+          matmul_internal::NextWeightsScope next(other.data.data(), bytes);
+          std::fill(y1.begin(), y1.end(), 0.0f);
+          matmul(w.view, x.data(), m, y1.data(), *pool);
+          ASSERT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * 4))
+              << dtype_name(t) << " " << simd_level_name(level) << " m=" << m << " hint bytes " << bytes;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(matmul_internal::t_next_weights.p, nullptr);  // the scope clears it
+}
+
 // Weights that start mid cache line (a mapped safetensors checkpoint's tensors, base/mmap.h) give
 // the aligned result bit for bit on every kernel form: row-wise, fp16, one-tile and the tile pair
 // loop (m = 1, 3, 8, 32, 48) and the blocked GEMM (m = 200), at every SIMD level.

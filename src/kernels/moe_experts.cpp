@@ -9,7 +9,8 @@
 //      (reusing the gathered-x buffer, dead by then);
 //   5. per token: y = (y or 0) + sum of weight * output over its slots in ascending expert id.
 // Every expert matrix row is read once per call; tasks are claimed dynamically over the pool, the
-// heaviest experts' from one end of the list and the lightest experts' from the other.
+// heaviest experts' from one end of the list and the lightest experts' from the other, and each
+// kernel call is told the weights its thread reads next (NextWeightsScope).
 // Not here: expert-parallel exchange (ep/), the gate (moe_gate.cpp).
 #include <algorithm>
 #include <cmath>
@@ -40,7 +41,8 @@ struct MoeWorkspace::Impl {
   std::vector<int32_t> assign_token;     // [A] token of each assignment, grouped by expert
   std::vector<int32_t> slot_assign;      // [T * top_k] assignment of each slot, -1 when skipped
   std::vector<int32_t> order;            // the routed-to experts, most tokens first (expert_order)
-  std::vector<Task> tasks;
+  std::vector<Task> tasks, down_tasks;   // gate/up tasks, down tasks
+  std::vector<int64_t> last_task;        // per pool thread: its previous task in the current list (next_task)
   Buffer x_prep, xg, gate_out, up_out, h_prep;
 };
 
@@ -65,7 +67,8 @@ Result<std::unique_ptr<MoeWorkspace>> MoeWorkspace::create(const MoeExpertsParam
   s.assign_token.resize(static_cast<size_t>(a));
   s.slot_assign.resize(static_cast<size_t>(a));
   s.order.reserve(static_cast<size_t>(p.n_experts));
-  s.tasks.reserve(static_cast<size_t>(p.n_experts * ((std::max(p.hidden, p.inter) + 63) / 64 + 1)));
+  s.tasks.reserve(static_cast<size_t>(p.n_experts * ((p.inter + 63) / 64 + 1)));
+  s.down_tasks.reserve(static_cast<size_t>(p.n_experts * ((p.hidden + 63) / 64 + 1)));
   s.x_prep = Buffer::allocate(act_scratch_bytes_any(max_tokens, p.hidden));
   s.xg = Buffer::allocate(
       std::max<uint64_t>(act_scratch_bytes_any(a, p.hidden), static_cast<uint64_t>(a * p.hidden) * 4));
@@ -171,13 +174,38 @@ void expert_order(MoeWorkspace::Impl& s, int64_t n_experts) {
 }
 
 // Tasks of `rows` rows per expert in s.order, each a run of rows for the expert's token count.
-void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel level) {
-  s.tasks.clear();
+void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel level,
+                std::vector<MoeWorkspace::Impl::Task>* out = nullptr) {
+  std::vector<MoeWorkspace::Impl::Task>& tasks = out != nullptr ? *out : s.tasks;
+  tasks.clear();
   for (const int32_t e : s.order) {
     const int64_t n = s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
     const int64_t c = chunk_rows(dtype, level, n);
-    for (int64_t r0 = 0; r0 < rows; r0 += c) s.tasks.push_back({e, r0, std::min(rows, r0 + c)});
+    for (int64_t r0 = 0; r0 < rows; r0 += c) tasks.push_back({e, r0, std::min(rows, r0 + c)});
   }
+}
+
+// The task a thread will probably claim after ti: run_from_both_ends hands its front runner tasks
+// in increasing order and its back runner in decreasing order, so the next is ti + 1 or ti - 1 by
+// the direction of the thread's previous task (a runner's first task is 0 from the front and n - 1
+// from the back); only where the two ends meet does the other runner take it first. Returns -1 or
+// n past either end. `last`: the thread's previous task in this list, -1 before its first.
+int64_t next_task(int64_t& last, int64_t ti, int64_t n) {
+  const bool backward = last >= 0 ? ti < last : ti == n - 1 && n > 1;
+  last = ti;
+  return backward ? ti - 1 : ti + 1;
+}
+
+// Rows [t.r0, t.r1) of w as bytes, for NextWeightsScope.
+struct TaskBytes {
+  const void* p = nullptr;
+  int64_t bytes = 0;
+};
+TaskBytes task_bytes(const WeightView& w, const MoeWorkspace::Impl::Task& t) {
+  const auto at = [&](int64_t r) {
+    return static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(r * w.cols)));
+  };
+  return {static_cast<const uint8_t*>(w.data) + at(t.r0), at(t.r1) - at(t.r0)};
 }
 
 DType first_dtype(std::span<const ExpertWeights> experts, bool down) {
@@ -252,14 +280,39 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   auto* up_out = s.up_out.as<float>();
   expert_order(s, p.n_experts);
   make_tasks(s, p.inter, gate_type, level);
-  pool.run_from_both_ends(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {
+  make_tasks(s, p.hidden, down_type, level, &s.down_tasks);
+  const int64_t n_up = static_cast<int64_t>(s.tasks.size()),
+                n_down = static_cast<int64_t>(s.down_tasks.size());
+  s.last_task.assign(static_cast<size_t>(std::max(pool.size(), 1)), -1);
+  pool.run_from_both_ends(n_up, [&](int64_t ti, int thread) {
     const auto& task = s.tasks[static_cast<size_t>(ti)];
     const ExpertWeights& ew = experts[static_cast<size_t>(task.expert)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
     const ActView xe = act_rows(xg, off, n);
-    gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
-    gate_kernel(ew.up, xe, up_out + off * p.inter, p.inter, false, task.r0, task.r1);
+    // Each kernel call's far L2 requests run on into what the thread reads next (NextWeightsScope):
+    // from the gate rows into the up rows, from those into the next task's gate rows (past the
+    // last task, this end's first down rows).
+    const TaskBytes up_rows = task_bytes(ew.up, task);
+    {
+      NextWeightsScope next(up_rows.p, up_rows.bytes);
+      gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
+    }
+    const int64_t nt = thread < static_cast<int>(s.last_task.size())
+                           ? next_task(s.last_task[static_cast<size_t>(thread)], ti, n_up)
+                           : -2;
+    TaskBytes after;
+    if (nt >= 0 && nt < n_up) {
+      const auto& t2 = s.tasks[static_cast<size_t>(nt)];
+      after = task_bytes(experts[static_cast<size_t>(t2.expert)].gate, t2);
+    } else if ((nt == -1 || nt == n_up) && n_down > 0) {
+      const auto& t2 = s.down_tasks[static_cast<size_t>(nt < 0 ? n_down - 1 : 0)];
+      after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
+    }
+    {
+      NextWeightsScope next(after.p, after.bytes);
+      gate_kernel(ew.up, xe, up_out + off * p.inter, p.inter, false, task.r0, task.r1);
+    }
     for (int64_t i = off; i < off + n; ++i) {
       float* g = gate_out + i * p.inter + task.r0;
       silu_mul(g, up_out + i * p.inter + task.r0, g, task.r1 - task.r0);
@@ -271,11 +324,20 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
                                    pool, false, f16_counts ? 1 : 0);
   act_build_xt(hp, down_type, level, pool, /*lanes=*/false);
   auto* out = s.xg.as<float>();
-  make_tasks(s, p.hidden, down_type, level);
-  pool.run_from_both_ends(static_cast<int64_t>(s.tasks.size()), [&](int64_t ti, int) {
-    const auto& task = s.tasks[static_cast<size_t>(ti)];
+  std::fill(s.last_task.begin(), s.last_task.end(), -1);
+  pool.run_from_both_ends(n_down, [&](int64_t ti, int thread) {
+    const auto& task = s.down_tasks[static_cast<size_t>(ti)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
+    const int64_t nt = thread < static_cast<int>(s.last_task.size())
+                           ? next_task(s.last_task[static_cast<size_t>(thread)], ti, n_down)
+                           : -1;
+    TaskBytes after;
+    if (nt >= 0 && nt < n_down) {
+      const auto& t2 = s.down_tasks[static_cast<size_t>(nt)];
+      after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
+    }
+    NextWeightsScope next(after.p, after.bytes);
     down_kernel(experts[static_cast<size_t>(task.expert)].down, act_rows(hp, off, n), out + off * p.hidden,
                 p.hidden, false, task.r0, task.r1);
   });
