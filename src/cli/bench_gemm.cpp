@@ -72,9 +72,11 @@ std::vector<Shape> default_shapes() {
   return s;
 }
 
-// One weight (possibly several copies for cache rotation) in the requested dtype.
+// One weight (possibly several copies for cache rotation) in the requested dtype, the copies one
+// after another in one arena of transparent huge pages, as the model's --no-mmap weights lie
+// (`bench moe` with 4 KiB pages against huge ones, in one process: 1.04-1.08x; docs/PERFORMANCE.md).
 struct BenchWeight {
-  std::vector<Buffer> data;
+  Buffer data;
   std::vector<std::vector<float>> scale;
   std::vector<WeightView> views;
 };
@@ -84,10 +86,11 @@ BenchWeight make_weight(DType dtype, int64_t n, int64_t k, int copies, uint64_t 
   const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(n * k));
   const uint64_t row_bytes = dtype_bytes(dtype, static_cast<uint64_t>(k));
   std::vector<float> f(static_cast<size_t>(k));
+  const uint64_t stride = (bytes + static_cast<uint64_t>(offset) + 63) / 64 * 64;
+  w.data = Buffer::allocate_huge(stride * static_cast<uint64_t>(copies));
   for (int c = 0; c < copies; ++c) {
-    w.data.push_back(Buffer::allocate(bytes + static_cast<uint64_t>(offset)));
     w.scale.emplace_back();
-    uint8_t* base = w.data.back().data() + offset;
+    uint8_t* base = w.data.data() + stride * static_cast<uint64_t>(c) + offset;
     if (dtype == DType::kF8E4M3) {  // random codes (no NaN); the bytes are what matters for speed
       // (every copy its own bytes: byte-identical copies read faster than memory on these VMs, 1.02
       // of the bandwidth against 0.86 for [1408 x 2048] at m = 1; eight codes per draw)

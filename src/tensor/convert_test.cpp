@@ -216,5 +216,24 @@ TEST(Tensor, ViewsComputeStridesBytesAndSlices) {
   EXPECT_FALSE(parse_dtype("f13").ok());
 }
 
+// Buffer::allocate_huge (benchmarks' weight arenas): 2 MiB aligned, zeroed, the requested size, and
+// moves and frees like any Buffer.
+TEST(Buffer, AllocateHugeIsAlignedZeroedAndMovable) {
+  for (size_t bytes : {size_t{1}, size_t{(3u << 20) + 5}, size_t{4u << 20}}) {
+    Buffer b = Buffer::allocate_huge(bytes);
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_EQ(b.size(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (size_t{2} << 20), 0u);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; ++i) nonzero += b.data()[i] != 0;
+    EXPECT_EQ(nonzero, 0u);
+    b.data()[bytes - 1] = 7;
+    Buffer moved = std::move(b);
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_EQ(moved.data()[bytes - 1], 7);
+  }
+  EXPECT_EQ(Buffer::allocate_huge(0).data(), nullptr);
+}
+
 }  // namespace
 }  // namespace fathom

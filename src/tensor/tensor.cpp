@@ -1,6 +1,8 @@
 // Tensor views and aligned buffers.
 #include "tensor/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -80,6 +82,20 @@ Buffer Buffer::allocate(size_t bytes) {
   void* p = std::aligned_alloc(64, rounded);
   CHECK_MSG(p != nullptr, "out of memory allocating {} bytes", rounded);
   std::memset(p, 0, rounded);
+  b.data_ = static_cast<uint8_t*>(p);
+  b.size_ = bytes;
+  return b;
+}
+
+Buffer Buffer::allocate_huge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  Buffer b;
+  if (bytes == 0) return b;
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  CHECK_MSG(p != nullptr, "out of memory allocating {} bytes", rounded);
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // before the first touch, so the faults take huge pages
+  std::memset(p, 0, (bytes + 63) / 64 * 64);
   b.data_ = static_cast<uint8_t*>(p);
   b.size_ = bytes;
   return b;

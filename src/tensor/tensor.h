@@ -63,6 +63,9 @@ class Buffer {
  public:
   Buffer() = default;
   static Buffer allocate(size_t bytes);
+  // The same, 2 MiB aligned and advised into transparent huge pages (MADV_HUGEPAGE; advice only),
+  // as the loader's --no-mmap weight copies are: for benchmarks' weight arenas.
+  static Buffer allocate_huge(size_t bytes);
   Buffer(Buffer&& other) noexcept : data_(other.data_), size_(other.size_) {
     other.data_ = nullptr;
     other.size_ = 0;
