@@ -104,6 +104,41 @@ TEST(ThreadPool, RunFromBothEndsRunsEveryTaskExactlyOnce) {
   }
 }
 
+// run_from_both_ends_ahead: every task once, and each step's `next` is the task its thread runs
+// right after it (-1 when the runner has none left: then the thread runs nothing more or starts
+// another runner's first task); a runner from the front runs ascending tasks, one from the back
+// descending.
+TEST(ThreadPool, RunFromBothEndsAheadTellsEachRunnerItsNextTask) {
+  for (int threads : {1, 2, 3, 4}) {
+    auto pool = ThreadPool::create(threads);
+    for (int round = 0; round < 100; ++round) {
+      const int n = round * 11 % 89;  // 0 included
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::vector<std::vector<ThreadPool::BothEndsStep>> seen(static_cast<size_t>(threads));
+      pool->run_from_both_ends_ahead(n, [&](const ThreadPool::BothEndsStep& step, int thread) {
+        ASSERT_GE(thread, 0);
+        ASSERT_LT(thread, threads);
+        hits[static_cast<size_t>(step.task)].fetch_add(1);
+        seen[static_cast<size_t>(thread)].push_back(step);  // only this thread touches its list
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << threads << " threads, " << n << " tasks";
+      for (const auto& list : seen) {
+        for (size_t i = 0; i < list.size(); ++i) {
+          const ThreadPool::BothEndsStep& st = list[i];
+          if (st.next < 0) continue;
+          ASSERT_LT(i + 1, list.size()) << "a next task that this thread never ran";
+          EXPECT_EQ(list[i + 1].task, st.next);
+          EXPECT_EQ(list[i + 1].from_front, st.from_front);
+          EXPECT_EQ(st.next > st.task, st.from_front);
+        }
+        if (!list.empty()) {
+          EXPECT_EQ(list.back().next, -1);
+        }
+      }
+    }
+  }
+}
+
 // With two threads, one claims from each end: the first task the back's runner takes is the last
 // one, while the front's runner is still on task 0 (it waits there until the back has started).
 TEST(ThreadPool, RunFromBothEndsStartsAtBothEnds) {

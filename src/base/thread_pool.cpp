@@ -136,6 +136,32 @@ void ThreadPool::run_from_both_ends(int64_t n_tasks, FunctionRef<void(int64_t ta
   });
 }
 
+void ThreadPool::run_from_both_ends_ahead(int64_t n_tasks,
+                                          FunctionRef<void(const BothEndsStep& step, int thread)> fn) {
+  if (n_tasks <= 0) return;
+  CHECK_MSG(n_tasks < (int64_t{1} << 32), "too many tasks: {}", n_tasks);
+  std::atomic<uint64_t> ends{static_cast<uint64_t>(n_tasks)};  // as in run_from_both_ends
+  run(std::min<int64_t>(n_threads_, n_tasks), [&](int64_t runner, int thread) {
+    const bool from_front = runner % 2 == 0;
+    const auto claim = [&]() -> int64_t {
+      uint64_t e = ends.load(std::memory_order_relaxed);
+      for (;;) {
+        const int64_t front = static_cast<int64_t>(e >> 32), back = static_cast<int64_t>(e & 0xffffffffu);
+        if (front >= back) return -1;
+        if (ends.compare_exchange_weak(e, from_front ? e + (uint64_t{1} << 32) : e - 1,
+                                       std::memory_order_relaxed)) {
+          return from_front ? front : back - 1;
+        }
+      }
+    };
+    for (int64_t task = claim(); task >= 0;) {
+      const int64_t next = claim();
+      fn(BothEndsStep{task, next, from_front}, thread);
+      task = next;
+    }
+  });
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               FunctionRef<void(int64_t begin, int64_t end, int thread)> fn) {
   if (n <= 0) return;

@@ -39,6 +39,17 @@ class ThreadPool {
   // thread at once. Each task still runs exactly once.
   void run_from_both_ends(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn);
 
+  // As run_from_both_ends, each runner claiming its next task before it runs the current one, so
+  // fn knows what its thread runs next (to request those data ahead, say): `next` is that task, -1
+  // after the runner's last, and `from_front` the end the runner claims from. A runner holds at most
+  // one claimed task beside the running one. Each task still runs exactly once.
+  struct BothEndsStep {
+    int64_t task = 0;
+    int64_t next = -1;
+    bool from_front = true;
+  };
+  void run_from_both_ends_ahead(int64_t n_tasks, FunctionRef<void(const BothEndsStep& step, int thread)> fn);
+
   // Calls fn(begin, end, thread) over chunks of [0, n); chunks hold at least `grain` items and
   // there are at most about 4 per thread so uneven tasks still balance.
   void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t begin, int64_t end, int thread)> fn);

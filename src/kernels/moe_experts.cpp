@@ -185,17 +185,6 @@ void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel leve
   }
 }
 
-// The task a thread will probably claim after ti: run_from_both_ends hands its front runner tasks
-// in increasing order and its back runner in decreasing order, so the next is ti + 1 or ti - 1 by
-// the direction of the thread's previous task (a runner's first task is 0 from the front and n - 1
-// from the back); only where the two ends meet does the other runner take it first. Returns -1 or
-// n past either end. `last`: the thread's previous task in this list, -1 before its first.
-int64_t next_task(int64_t& last, int64_t ti, int64_t n) {
-  const bool backward = last >= 0 ? ti < last : ti == n - 1 && n > 1;
-  last = ti;
-  return backward ? ti - 1 : ti + 1;
-}
-
 // Rows [t.r0, t.r1) of w as bytes, for NextWeightsScope.
 struct TaskBytes {
   const void* p = nullptr;
@@ -283,30 +272,26 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   make_tasks(s, p.hidden, down_type, level, &s.down_tasks);
   const int64_t n_up = static_cast<int64_t>(s.tasks.size()),
                 n_down = static_cast<int64_t>(s.down_tasks.size());
-  s.last_task.assign(static_cast<size_t>(std::max(pool.size(), 1)), -1);
-  pool.run_from_both_ends(n_up, [&](int64_t ti, int thread) {
-    const auto& task = s.tasks[static_cast<size_t>(ti)];
+  pool.run_from_both_ends_ahead(n_up, [&](const ThreadPool::BothEndsStep& step, int) {
+    const auto& task = s.tasks[static_cast<size_t>(step.task)];
     const ExpertWeights& ew = experts[static_cast<size_t>(task.expert)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
     const ActView xe = act_rows(xg, off, n);
     // Each kernel call's far L2 requests run on into what the thread reads next (NextWeightsScope):
-    // from the gate rows into the up rows, from those into the next task's gate rows (past the
-    // last task, this end's first down rows).
+    // from the gate rows into the up rows, from those into the thread's next task's gate rows
+    // (after its last, the first down rows from its end of the list).
     const TaskBytes up_rows = task_bytes(ew.up, task);
     {
       NextWeightsScope next(up_rows.p, up_rows.bytes);
       gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
-    const int64_t nt = thread < static_cast<int>(s.last_task.size())
-                           ? next_task(s.last_task[static_cast<size_t>(thread)], ti, n_up)
-                           : -2;
     TaskBytes after;
-    if (nt >= 0 && nt < n_up) {
-      const auto& t2 = s.tasks[static_cast<size_t>(nt)];
+    if (step.next >= 0) {
+      const auto& t2 = s.tasks[static_cast<size_t>(step.next)];
       after = task_bytes(experts[static_cast<size_t>(t2.expert)].gate, t2);
-    } else if ((nt == -1 || nt == n_up) && n_down > 0) {
-      const auto& t2 = s.down_tasks[static_cast<size_t>(nt < 0 ? n_down - 1 : 0)];
+    } else if (n_down > 0) {
+      const auto& t2 = s.down_tasks[static_cast<size_t>(step.from_front ? 0 : n_down - 1)];
       after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
     }
     {
@@ -324,17 +309,13 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
                                    pool, false, f16_counts ? 1 : 0);
   act_build_xt(hp, down_type, level, pool, /*lanes=*/false);
   auto* out = s.xg.as<float>();
-  std::fill(s.last_task.begin(), s.last_task.end(), -1);
-  pool.run_from_both_ends(n_down, [&](int64_t ti, int thread) {
-    const auto& task = s.down_tasks[static_cast<size_t>(ti)];
+  pool.run_from_both_ends_ahead(n_down, [&](const ThreadPool::BothEndsStep& step, int) {
+    const auto& task = s.down_tasks[static_cast<size_t>(step.task)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
-    const int64_t nt = thread < static_cast<int>(s.last_task.size())
-                           ? next_task(s.last_task[static_cast<size_t>(thread)], ti, n_down)
-                           : -1;
     TaskBytes after;
-    if (nt >= 0 && nt < n_down) {
-      const auto& t2 = s.down_tasks[static_cast<size_t>(nt)];
+    if (step.next >= 0) {
+      const auto& t2 = s.down_tasks[static_cast<size_t>(step.next)];
       after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
     }
     NextWeightsScope next(after.p, after.bytes);
