@@ -116,31 +116,15 @@ void ThreadPool::run(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)
 }
 
 void ThreadPool::run_from_both_ends(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn) {
-  if (n_tasks <= 0) return;
-  CHECK_MSG(n_tasks < (int64_t{1} << 32), "too many tasks: {}", n_tasks);
-  // (next task from the front) << 32 | (one past the next task from the back)
-  std::atomic<uint64_t> ends{static_cast<uint64_t>(n_tasks)};
-  run(std::min<int64_t>(n_threads_, n_tasks), [&](int64_t runner, int thread) {
-    const bool from_front = runner % 2 == 0;
-    uint64_t e = ends.load(std::memory_order_relaxed);
-    for (;;) {
-      const int64_t front = static_cast<int64_t>(e >> 32), back = static_cast<int64_t>(e & 0xffffffffu);
-      if (front >= back) return;
-      if (!ends.compare_exchange_weak(e, from_front ? e + (uint64_t{1} << 32) : e - 1,
-                                      std::memory_order_relaxed)) {
-        continue;  // e now holds the current ends
-      }
-      fn(from_front ? front : back - 1, thread);
-      e = ends.load(std::memory_order_relaxed);
-    }
-  });
+  run_from_both_ends_ahead(n_tasks, [&](const BothEndsStep& step, int thread) { fn(step.task, thread); });
 }
 
 void ThreadPool::run_from_both_ends_ahead(int64_t n_tasks,
                                           FunctionRef<void(const BothEndsStep& step, int thread)> fn) {
   if (n_tasks <= 0) return;
   CHECK_MSG(n_tasks < (int64_t{1} << 32), "too many tasks: {}", n_tasks);
-  std::atomic<uint64_t> ends{static_cast<uint64_t>(n_tasks)};  // as in run_from_both_ends
+  // (next task from the front) << 32 | (one past the next task from the back)
+  std::atomic<uint64_t> ends{static_cast<uint64_t>(n_tasks)};
   run(std::min<int64_t>(n_threads_, n_tasks), [&](int64_t runner, int thread) {
     const bool from_front = runner % 2 == 0;
     const auto claim = [&]() -> int64_t {

@@ -36,7 +36,8 @@ class ThreadPool {
   // ascending order from 0, the other half in descending order from n - 1, until the two meet. A
   // caller that orders its tasks by the resource they are bound by (say compute-bound first,
   // memory-bound last) keeps the two kinds running side by side instead of the same kind on every
-  // thread at once. Each task still runs exactly once.
+  // thread at once. Each task still runs exactly once. (Through run_from_both_ends_ahead: a runner
+  // holds its next task while it runs one.)
   void run_from_both_ends(int64_t n_tasks, FunctionRef<void(int64_t task, int thread)> fn);
 
   // As run_from_both_ends, each runner claiming its next task before it runs the current one, so
