@@ -88,40 +88,32 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   }
 }
 
-TEST(ThreadPool, RunFromBothEndsRunsEveryTaskExactlyOnce) {
+// Both forms run every task once on the pool's threads; run_from_both_ends_ahead also tells each
+// step the task its thread runs right after it (-1 when the runner has none left: then the thread
+// runs nothing more or starts another runner's first task), and a runner from the front runs
+// ascending tasks, one from the back descending.
+TEST(ThreadPool, RunFromBothEndsRunsEveryTaskExactlyOnceAndKnowsItsNext) {
   for (int threads : {1, 2, 3, 4}) {
     auto pool = ThreadPool::create(threads);
     for (int round = 0; round < 100; ++round) {
       const int n = round * 11 % 89;  // 0 included
-      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n)), hits_ahead(static_cast<size_t>(n));
+      std::vector<std::vector<ThreadPool::BothEndsStep>> seen(static_cast<size_t>(threads));
       pool->run_from_both_ends(n, [&](int64_t t, int thread) {
         EXPECT_GE(thread, 0);
         EXPECT_LT(thread, threads);
         hits[static_cast<size_t>(t)].fetch_add(1);
       });
-      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << threads << " threads, " << n << " tasks";
-    }
-  }
-}
-
-// run_from_both_ends_ahead: every task once, and each step's `next` is the task its thread runs
-// right after it (-1 when the runner has none left: then the thread runs nothing more or starts
-// another runner's first task); a runner from the front runs ascending tasks, one from the back
-// descending.
-TEST(ThreadPool, RunFromBothEndsAheadTellsEachRunnerItsNextTask) {
-  for (int threads : {1, 2, 3, 4}) {
-    auto pool = ThreadPool::create(threads);
-    for (int round = 0; round < 100; ++round) {
-      const int n = round * 11 % 89;  // 0 included
-      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-      std::vector<std::vector<ThreadPool::BothEndsStep>> seen(static_cast<size_t>(threads));
       pool->run_from_both_ends_ahead(n, [&](const ThreadPool::BothEndsStep& step, int thread) {
         ASSERT_GE(thread, 0);
         ASSERT_LT(thread, threads);
-        hits[static_cast<size_t>(step.task)].fetch_add(1);
+        hits_ahead[static_cast<size_t>(step.task)].fetch_add(1);
         seen[static_cast<size_t>(thread)].push_back(step);  // only this thread touches its list
       });
-      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << threads << " threads, " << n << " tasks";
+      for (size_t t = 0; t < hits.size(); ++t) {
+        ASSERT_EQ(hits[t].load(), 1) << threads << " threads, " << n << " tasks";
+        ASSERT_EQ(hits_ahead[t].load(), 1) << threads << " threads, " << n << " tasks (ahead)";
+      }
       for (const auto& list : seen) {
         for (size_t i = 0; i < list.size(); ++i) {
           const ThreadPool::BothEndsStep& st = list[i];

@@ -38,6 +38,10 @@ struct MoeBenchOptions {
 // Every expert matrix one after another (64-byte aligned) in one arena of transparent huge pages,
 // as the model's --no-mmap weights lie: with each matrix in its own 4 KiB-page allocation instead,
 // `bench moe --ab` read 1.04-1.08x slower at 1-32 tokens (docs/PERFORMANCE.md).
+uint64_t line_round(uint64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
 struct Storage {
   Buffer arena;
   uint64_t used = 0;
@@ -48,7 +52,7 @@ WeightView make(Storage& st, DType dtype, int64_t rows, int64_t cols, uint64_t s
   const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(rows * cols));
   CHECK(st.used + bytes <= st.arena.size());
   uint8_t* p = st.arena.data() + st.used;
-  st.used += (bytes + 63) / 64 * 64;
+  st.used += line_round(bytes);
   st.scale.emplace_back();
   Rng rng(seed);
   if (dtype == DType::kF8E4M3) {
@@ -192,7 +196,7 @@ int run_moe(int argc, char** argv) {
   std::fprintf(stderr, "allocating %lld experts...\n", static_cast<long long>(p.n_experts));
   Storage st;
   const auto matrix_bytes = [&](int64_t rows, int64_t cols) {
-    return (dtype_bytes(*dtype, static_cast<uint64_t>(rows * cols)) + 63) / 64 * 64;
+    return line_round(dtype_bytes(*dtype, static_cast<uint64_t>(rows * cols)));
   };
   st.arena = Buffer::allocate_huge(
       static_cast<size_t>(static_cast<uint64_t>(p.n_experts) *

@@ -42,7 +42,6 @@ struct MoeWorkspace::Impl {
   std::vector<int32_t> slot_assign;      // [T * top_k] assignment of each slot, -1 when skipped
   std::vector<int32_t> order;            // the routed-to experts, most tokens first (expert_order)
   std::vector<Task> tasks, down_tasks;   // gate/up tasks, down tasks
-  std::vector<int64_t> last_task;        // per pool thread: its previous task in the current list (next_task)
   Buffer x_prep, xg, gate_out, up_out, h_prep;
 };
 
@@ -174,9 +173,8 @@ void expert_order(MoeWorkspace::Impl& s, int64_t n_experts) {
 }
 
 // Tasks of `rows` rows per expert in s.order, each a run of rows for the expert's token count.
-void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel level,
-                std::vector<MoeWorkspace::Impl::Task>* out = nullptr) {
-  std::vector<MoeWorkspace::Impl::Task>& tasks = out != nullptr ? *out : s.tasks;
+void make_tasks(const MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel level,
+                std::vector<MoeWorkspace::Impl::Task>& tasks) {
   tasks.clear();
   for (const int32_t e : s.order) {
     const int64_t n = s.offsets[static_cast<size_t>(e + 1)] - s.offsets[static_cast<size_t>(e)];
@@ -185,12 +183,18 @@ void make_tasks(MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLevel leve
   }
 }
 
-// Rows [t.r0, t.r1) of w as bytes, for NextWeightsScope.
+// The weight rows task i of `tasks` reads from matrix `which` of its expert, as bytes for
+// NextWeightsScope; none for i outside the list (no task).
 struct TaskBytes {
   const void* p = nullptr;
   int64_t bytes = 0;
 };
-TaskBytes task_bytes(const WeightView& w, const MoeWorkspace::Impl::Task& t) {
+TaskBytes task_bytes(std::span<const ExpertWeights> experts,
+                     const std::vector<MoeWorkspace::Impl::Task>& tasks, int64_t i,
+                     WeightView ExpertWeights::*which) {
+  if (i < 0 || i >= static_cast<int64_t>(tasks.size())) return {};
+  const MoeWorkspace::Impl::Task& t = tasks[static_cast<size_t>(i)];
+  const WeightView& w = experts[static_cast<size_t>(t.expert)].*which;
   const auto at = [&](int64_t r) {
     return static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(r * w.cols)));
   };
@@ -268,8 +272,8 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
   auto* gate_out = s.gate_out.as<float>();
   auto* up_out = s.up_out.as<float>();
   expert_order(s, p.n_experts);
-  make_tasks(s, p.inter, gate_type, level);
-  make_tasks(s, p.hidden, down_type, level, &s.down_tasks);
+  make_tasks(s, p.inter, gate_type, level, s.tasks);
+  make_tasks(s, p.hidden, down_type, level, s.down_tasks);
   const int64_t n_up = static_cast<int64_t>(s.tasks.size()),
                 n_down = static_cast<int64_t>(s.down_tasks.size());
   pool.run_from_both_ends_ahead(n_up, [&](const ThreadPool::BothEndsStep& step, int) {
@@ -281,20 +285,16 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     // Each kernel call's far L2 requests run on into what the thread reads next (NextWeightsScope):
     // from the gate rows into the up rows, from those into the thread's next task's gate rows
     // (after its last, the first down rows from its end of the list).
-    const TaskBytes up_rows = task_bytes(ew.up, task);
     {
+      const TaskBytes up_rows = task_bytes(experts, s.tasks, step.task, &ExpertWeights::up);
       NextWeightsScope next(up_rows.p, up_rows.bytes);
       gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
-    TaskBytes after;
-    if (step.next >= 0) {
-      const auto& t2 = s.tasks[static_cast<size_t>(step.next)];
-      after = task_bytes(experts[static_cast<size_t>(t2.expert)].gate, t2);
-    } else if (n_down > 0) {
-      const auto& t2 = s.down_tasks[static_cast<size_t>(step.from_front ? 0 : n_down - 1)];
-      after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
-    }
     {
+      const int64_t first_down = step.from_front ? 0 : n_down - 1;
+      const TaskBytes after = step.next >= 0
+                                  ? task_bytes(experts, s.tasks, step.next, &ExpertWeights::gate)
+                                  : task_bytes(experts, s.down_tasks, first_down, &ExpertWeights::down);
       NextWeightsScope next(after.p, after.bytes);
       gate_kernel(ew.up, xe, up_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
@@ -313,11 +313,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     const auto& task = s.down_tasks[static_cast<size_t>(step.task)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
-    TaskBytes after;
-    if (step.next >= 0) {
-      const auto& t2 = s.down_tasks[static_cast<size_t>(step.next)];
-      after = task_bytes(experts[static_cast<size_t>(t2.expert)].down, t2);
-    }
+    const TaskBytes after = task_bytes(experts, s.down_tasks, step.next, &ExpertWeights::down);
     NextWeightsScope next(after.p, after.bytes);
     down_kernel(experts[static_cast<size_t>(task.expert)].down, act_rows(hp, off, n), out + off * p.hidden,
                 p.hidden, false, task.r0, task.r1);
