@@ -143,6 +143,22 @@ void set_fp8_vbmi_override(int override) {
 
 namespace {
 
+std::atomic<int> g_stream_override{-1};
+
+}  // namespace
+
+bool fp8_use_stream() {
+  static const bool amd = cpu_features().vendor == "AuthenticAMD";
+  const int o = g_stream_override.load(std::memory_order_relaxed);
+  return o < 0 ? amd : o != 0;
+}
+
+void set_fp8_stream_override(int override) {
+  g_stream_override.store(override);
+}
+
+namespace {
+
 std::atomic<int> g_f16_override{-1};
 
 }  // namespace

@@ -65,6 +65,11 @@ struct ActView {
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
+// Whether fp8 weights at one activation row take the one-row-at-a-time kernel (fp8_stream_matvec in
+// matmul_fp8_impl.h): on AMD CPUs, where it was measured (Zen 5), unless overridden for tests and
+// benchmarks like fp8_use_vbmi; elsewhere the four-row kernel, tuned on the Xeons.
+bool fp8_use_stream();
+void set_fp8_stream_override(int override);
 // Whether fp8 weights at 2..kFp8F16MaxM activation rows use fp16 arithmetic (CPU support: AVX-512
 // FP16 and the VBMI converter, unless overridden for tests and benchmarks like fp8_use_vbmi;
 // FATHOM_FP8_F16=0 turns it off for the process). Buffers are sized by fp8_f16_available, which

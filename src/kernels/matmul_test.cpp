@@ -396,6 +396,44 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
+// One activation row of fp8 weights: the one-row-at-a-time kernel (fp8_use_stream, taken on AMD CPUs)
+// and the four-row one both match the reference on every CPU with AVX-512 BF16, with either
+// converter, over whole 128-column blocks (the stream kernel) and ragged widths (the four-row one),
+// row counts that leave partial groups, and with the next weights hinted or not (its requests run on
+// into them past the last row and must not change a result).
+TEST(Matmul, Fp8OneRowAndFourRowMatvecBothMatchReference) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  if (simd_level_supported() < SimdLevel::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16";
+  auto other = random_weight(rng, DType::kF8E4M3, 64, 1024);
+  for (int stream : {0, 1}) {
+    matmul_internal::set_fp8_stream_override(stream);
+    EXPECT_EQ(matmul_internal::fp8_use_stream(), stream == 1);
+    for (int vbmi : {0, 1}) {
+      matmul_internal::set_fp8_vbmi_override(vbmi);
+      for (int trial = 0; trial < 8; ++trial) {
+        const int64_t cols = trial == 7 ? 64 * static_cast<int64_t>(1 + rng.below(9)) + 32
+                                        : 128 * static_cast<int64_t>(1 + rng.below(8));
+        const int64_t rows = 1 + static_cast<int64_t>(rng.below(300));
+        auto w = random_weight(rng, DType::kF8E4M3, rows, cols, trial % 2 == 1);
+        const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(64 * 1024));
+        matmul_internal::NextWeightsScope next(other.data.data(), hint);
+        Case c{rows,
+               cols,
+               1,
+               trial % 3 == 1,
+               static_cast<int64_t>(rng.below(3)),
+               static_cast<int64_t>(rng.below(3))};
+        check_case(rng, w.view, c, *pool,
+                   fmt::format("stream={} vbmi={} hint={} {}", stream, vbmi, hint,
+                               describe(w.view.dtype, simd_level(), c)));
+      }
+    }
+  }
+  matmul_internal::set_fp8_vbmi_override(-1);
+  matmul_internal::set_fp8_stream_override(-1);
+}
+
 // On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles from m = 2 and 4; the
 // same cases with AMX turned off take the AVX-512 kernels, so both are checked here. Rows cover
 // tail panels and a second 128-row fp8 scale group; columns a 64-wide last block; m one and
