@@ -6,7 +6,7 @@
 // are prepared in (ActView::bf16_perm64): natural order for the register table, and for VBMI the
 // byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
 // each 128-column block is summed in fp32 and multiplied by its scale.
-//  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step; where fp8_use_stream
+//  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step; where matvec_use_stream
 //    holds (AMD CPUs), one row at a time instead (fp8_stream_matvec).
 //  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too (on CPUs with AVX-512 FP16, 2-4 rows take the
 //    fp16 kernel of matmul_fp8f16_avx512fp16.cpp instead, and on AMX CPUs 5-16 the tiles), two
@@ -206,42 +206,17 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
 
-// m = 1 on CPUs where fp8_use_stream holds, whole 128-column blocks: one weight row at a time, so
-// the call's rows [r0, r1), which lie one after another, are read as one run of addresses. The
-// kernels that walk four or two rows side by side read several runs at once, which on the Zen 5 VM
-// cost 15-25% of the rate whenever its memory was slow (most of its phases; `bench moe`, a
-// loads-only stand-in: one run 1.13-1.23x the kernels, two or four interleaved runs 0.85-0.94x),
-// and the single run's hardware prefetch with requests a few KiB ahead recovers it (docs/
-// PERFORMANCE.md, "One run of addresses for one activation row"). Per 128-column block: both halves
-// converted, four products in one chain (blocks overlap out of order), the sum times the block
-// scale into the row's total. Requests: the line kFp8StreamL1Bytes ahead into L1 and the line
-// kFp8StreamL2Bytes ahead into L2, continuing into the bytes the thread reads next
-// (t_next_weights) past the call's last row.
-inline constexpr int64_t kFp8StreamL1Bytes = 2048;
-inline constexpr int64_t kFp8StreamL2Bytes = 8192;
-
-// The byte `d` past q in the run that ends at `end`, or past `end` in the thread's next weights;
-// null where neither holds it.
-inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* end, const NextWeights& nw) {
-  if (d < end - q) return q + d;
-  const int64_t off = d - (end - q);
-  return off < nw.bytes ? nw.p + off : nullptr;
-}
-// A macro, not a helper: GCC 12 drops _mm_prefetch from lambdas and inline helpers here.
-// clang-format off
-#define FP8_STREAM_PREFETCH(Q, D, END, NW, HINT)                                  \
-  do {                                                                            \
-    const uint8_t* pf_ = stream_ahead((Q), (D), (END), (NW));                     \
-    if (pf_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf_), (HINT)); \
-  } while (0)
-// clang-format on
-
+// m = 1 on CPUs where matvec_use_stream holds, whole 128-column blocks: one weight row at a time,
+// so the call's rows [r0, r1), which lie one after another, are read as one run of addresses
+// (kStreamL1Bytes in matmul_impl.h: why, and the requests ahead). Per 128-column block: both
+// halves converted, four products in one chain (blocks overlap out of order), the sum times the
+// block scale into the row's total.
 template <class Conv>
 void fp8_stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumulate, int64_t r0,
                        int64_t r1) {
   const Conv conv;
   const int64_t K = w.cols, nb = K / 128;
-  constexpr int64_t d1 = kFp8StreamL1Bytes, d2 = kFp8StreamL2Bytes;
+  constexpr int64_t d1 = kStreamL1Bytes, d2 = kStreamL2Bytes;
   const uint8_t* end = fp8_row(w, r1);
   const NextWeights nw = t_next_weights;
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(d1, end - fp8_row(w, r0)));
@@ -258,10 +233,10 @@ void fp8_stream_matvec(const WeightView& w, const ActView& x, float* y, bool acc
         _mm_prefetch(reinterpret_cast<const char*>(p + d2), _MM_HINT_T1);
         _mm_prefetch(reinterpret_cast<const char*>(p + d2 + 64), _MM_HINT_T1);
       } else {
-        FP8_STREAM_PREFETCH(p, d1, end, nw, _MM_HINT_T0);
-        FP8_STREAM_PREFETCH(p + 64, d1, end, nw, _MM_HINT_T0);
-        FP8_STREAM_PREFETCH(p, d2, end, nw, _MM_HINT_T1);
-        FP8_STREAM_PREFETCH(p + 64, d2, end, nw, _MM_HINT_T1);
+        STREAM_PREFETCH(p, d1, end, nw, _MM_HINT_T0);
+        STREAM_PREFETCH(p + 64, d1, end, nw, _MM_HINT_T0);
+        STREAM_PREFETCH(p, d2, end, nw, _MM_HINT_T1);
+        STREAM_PREFETCH(p + 64, d2, end, nw, _MM_HINT_T1);
       }
       __m512i a0, b0, a1, b1;
       conv.convert64(p, ~__mmask64{0}, a0, b0);
@@ -479,7 +454,7 @@ void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
               int64_t r1) {
   switch (x.m) {
     case 1:
-      if (w.cols % 128 == 0 && fp8_use_stream()) {
+      if (w.cols % 128 == 0 && matvec_use_stream()) {
         fp8_stream_matvec<Conv>(w, x, y, accumulate, r0, r1);
       } else {
         fp8_matvec_rows<Conv>(w, x, y, ldy, accumulate, r0, r1);

@@ -3,6 +3,8 @@
 // Not a public header: other components include kernels/matmul.h only.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 #include "base/cpu.h"
@@ -65,11 +67,12 @@ struct ActView {
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
-// Whether fp8 weights at one activation row take the one-row-at-a-time kernel (fp8_stream_matvec in
-// matmul_fp8_impl.h): on AMD CPUs, where it was measured (Zen 5), unless overridden for tests and
-// benchmarks like fp8_use_vbmi; elsewhere the four-row kernel, tuned on the Xeons.
-bool fp8_use_stream();
-void set_fp8_stream_override(int override);
+// Whether bf16 and fp8 weights at one activation row take the one-row-at-a-time kernels
+// (bf16_stream_matvec, fp8_stream_matvec; kStreamL1Bytes below): on AMD CPUs, where they were
+// measured (Zen 5), unless overridden for tests and benchmarks like fp8_use_vbmi; elsewhere the
+// four-row kernels, tuned on the Xeons.
+bool matvec_use_stream();
+void set_matvec_stream_override(int override);
 // Whether fp8 weights at 2..kFp8F16MaxM activation rows use fp16 arithmetic (CPU support: AVX-512
 // FP16 and the VBMI converter, unless overridden for tests and benchmarks like fp8_use_vbmi;
 // FATHOM_FP8_F16=0 turns it off for the process). Buffers are sized by fp8_f16_available, which
@@ -283,6 +286,34 @@ class NextWeightsScope {
   NextWeightsScope(const NextWeightsScope&) = delete;
   NextWeightsScope& operator=(const NextWeightsScope&) = delete;
 };
+
+// The one-row-at-a-time matrix-vector kernels (matvec_use_stream): a call's rows lie one after
+// another, so reading them row by row is one run of addresses, which the hardware prefetcher
+// follows. The kernels that walk four or two rows side by side read several runs at once, which on
+// the Zen 5 VM cost 15-25% of the rate whenever its memory was slow (most of its phases; `bench
+// moe`, a loads-only stand-in: one run 1.13-1.23x the kernels, two or four interleaved runs
+// 0.85-0.94x; docs/PERFORMANCE.md, "One run of addresses for one activation row"). Each line is
+// also requested kStreamL1Bytes ahead into L1 and kStreamL2Bytes ahead into L2 (1-8 KiB and 0-32
+// KiB measured alike), on into the bytes the thread reads next (t_next_weights) past the call's
+// last row; without requests the out-of-order window alone kept about 2 KiB in flight (0.19-0.32x).
+inline constexpr int64_t kStreamL1Bytes = 2048;
+inline constexpr int64_t kStreamL2Bytes = 8192;
+
+// The byte `d` past q in the run that ends at `end`, or past `end` in the thread's next weights;
+// null where neither holds it.
+inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* end, const NextWeights& nw) {
+  if (d < end - q) return q + d;
+  const int64_t off = d - (end - q);
+  return off < nw.bytes ? nw.p + off : nullptr;
+}
+// A macro, not a helper: GCC 12 drops _mm_prefetch from lambdas and inline helpers here.
+// clang-format off
+#define STREAM_PREFETCH(Q, D, END, NW, HINT)                                      \
+  do {                                                                            \
+    const uint8_t* pf_ = stream_ahead((Q), (D), (END), (NW));                     \
+    if (pf_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf_), (HINT)); \
+  } while (0)
+// clang-format on
 
 // The row ends the fp8 pair kernels' assembly indexes with %[k] running from -K to 0: weight rows
 // w and w + K, the rows pf, pf + K requested into L1 and far, far + K into L2, and m (1..4)

@@ -396,27 +396,28 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
-// One activation row of fp8 weights: the one-row-at-a-time kernel (fp8_use_stream, taken on AMD CPUs)
-// and the four-row one both match the reference on every CPU with AVX-512 BF16, with either
-// converter, over whole 128-column blocks (the stream kernel) and ragged widths (the four-row one),
-// row counts that leave partial groups, and with the next weights hinted or not (its requests run on
-// into them past the last row and must not change a result).
-TEST(Matmul, Fp8OneRowAndFourRowMatvecBothMatchReference) {
+// One activation row of bf16 and fp8 weights: the one-row-at-a-time kernels (matvec_use_stream,
+// taken on AMD CPUs) and the four-row ones both match the reference on every CPU with AVX-512 BF16,
+// fp8 with either converter, over whole 128-column blocks (the stream kernels) and ragged widths
+// (the four-row ones), row counts that leave partial groups, and with the next weights hinted or
+// not (the requests run on into them past the last row and must not change a result).
+TEST(Matmul, OneRowAndFourRowMatvecBothMatchReference) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
   if (simd_level_supported() < SimdLevel::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16";
-  auto other = random_weight(rng, DType::kF8E4M3, 64, 1024);
+  auto other = random_weight(rng, DType::kBF16, 64, 1024);
   for (int stream : {0, 1}) {
-    matmul_internal::set_fp8_stream_override(stream);
-    EXPECT_EQ(matmul_internal::fp8_use_stream(), stream == 1);
-    for (int vbmi : {0, 1}) {
-      matmul_internal::set_fp8_vbmi_override(vbmi);
+    matmul_internal::set_matvec_stream_override(stream);
+    EXPECT_EQ(matmul_internal::matvec_use_stream(), stream == 1);
+    for (int conv : {0, 1, 2}) {  // bf16; fp8 with the table converter; fp8 with VBMI
+      const DType t = conv == 0 ? DType::kBF16 : DType::kF8E4M3;
+      matmul_internal::set_fp8_vbmi_override(conv == 2 ? 1 : 0);
       for (int trial = 0; trial < 8; ++trial) {
         const int64_t cols = trial == 7 ? 64 * static_cast<int64_t>(1 + rng.below(9)) + 32
                                         : 128 * static_cast<int64_t>(1 + rng.below(8));
         const int64_t rows = 1 + static_cast<int64_t>(rng.below(300));
-        auto w = random_weight(rng, DType::kF8E4M3, rows, cols, trial % 2 == 1);
-        const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(64 * 1024));
+        auto w = random_weight(rng, t, rows, cols, trial % 2 == 1);
+        const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(128 * 1024));
         matmul_internal::NextWeightsScope next(other.data.data(), hint);
         Case c{rows,
                cols,
@@ -425,13 +426,13 @@ TEST(Matmul, Fp8OneRowAndFourRowMatvecBothMatchReference) {
                static_cast<int64_t>(rng.below(3)),
                static_cast<int64_t>(rng.below(3))};
         check_case(rng, w.view, c, *pool,
-                   fmt::format("stream={} vbmi={} hint={} {}", stream, vbmi, hint,
+                   fmt::format("stream={} vbmi={} hint={} {}", stream, conv == 2, hint,
                                describe(w.view.dtype, simd_level(), c)));
       }
     }
   }
   matmul_internal::set_fp8_vbmi_override(-1);
-  matmul_internal::set_fp8_stream_override(-1);
+  matmul_internal::set_matvec_stream_override(-1);
 }
 
 // On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles from m = 2 and 4; the
