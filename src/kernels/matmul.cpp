@@ -147,13 +147,13 @@ std::atomic<int> g_stream_override{-1};
 
 }  // namespace
 
-bool matvec_use_stream() {
+bool address_order_wanted() {
   static const bool amd = cpu_features().vendor == "AuthenticAMD";
   const int o = g_stream_override.load(std::memory_order_relaxed);
   return o < 0 ? amd : o != 0;
 }
 
-void set_matvec_stream_override(int override) {
+void set_address_order_override(int override) {
   g_stream_override.store(override);
 }
 

@@ -124,7 +124,7 @@ void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
   }
 }
 
-// m = 1 where matvec_use_stream holds, k a multiple of 128: one weight row at a time, the call's
+// m = 1 where address_order_wanted holds, k a multiple of 128: one weight row at a time, the call's
 // rows one run of addresses (kStreamL1Bytes in matmul_impl.h: why, and the requests ahead), four
 // chains of 32-column products per row. The vocabulary head [102400 x 2048] from memory, two
 // threads: 1.12-1.18x the four-row kernel (`bench gemm --dtype bf16 --m 1 --ab`, Zen 5).
@@ -342,7 +342,7 @@ void rows_bf16_avx512bf16(const WeightView& w, const ActView& x, float* y, int64
     r0 = r8;
     if (r0 == r1) return;
   }
-  if (x.m == 1 && w.cols % 128 == 0 && matvec_use_stream()) {
+  if (x.m == 1 && w.cols % 128 == 0 && address_order_wanted()) {
     bf16_stream_matvec(w, x, y, accumulate, r0, r1);
     return;
   }

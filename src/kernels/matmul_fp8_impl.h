@@ -6,7 +6,7 @@
 // are prepared in (ActView::bf16_perm64): natural order for the register table, and for VBMI the
 // byte-interleaved order unpacklo/unpackhi produce (see fp8_perm64_index). Products are exact;
 // each 128-column block is summed in fp32 and multiplied by its scale.
-//  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step; where matvec_use_stream
+//  - m = 1: row-wise matrix-vector, 4 rows at a time, 64 columns per step; where address_order_wanted
 //    holds (AMD CPUs), one row at a time instead (fp8_stream_matvec).
 //  - 2 <= m <= kFp8MatvecMaxM (16): row-wise too (on CPUs with AVX-512 FP16, 2-4 rows take the
 //    fp16 kernel of matmul_fp8f16_avx512fp16.cpp instead, and on AMX CPUs 5-16 the tiles), two
@@ -206,7 +206,7 @@ void fp8_matvec_rows(const WeightView& w, const ActView& x, float* y, int64_t ld
   for (; r < r1; ++r) fp8_mv_chunk<Conv, 1, 1, 2>(conv, w, x.bf16, x.stride, y, ldy, accumulate, r);
 }
 
-// m = 1 on CPUs where matvec_use_stream holds, whole 128-column blocks: one weight row at a time,
+// m = 1 on CPUs where address_order_wanted holds, whole 128-column blocks: one weight row at a time,
 // so the call's rows [r0, r1), which lie one after another, are read as one run of addresses
 // (kStreamL1Bytes in matmul_impl.h: why, and the requests ahead). Per 128-column block: both
 // halves converted, four products in one chain (blocks overlap out of order), the sum times the
@@ -454,7 +454,7 @@ void rows_fp8(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool
               int64_t r1) {
   switch (x.m) {
     case 1:
-      if (w.cols % 128 == 0 && matvec_use_stream()) {
+      if (w.cols % 128 == 0 && address_order_wanted()) {
         fp8_stream_matvec<Conv>(w, x, y, accumulate, r0, r1);
       } else {
         fp8_matvec_rows<Conv>(w, x, y, ldy, accumulate, r0, r1);

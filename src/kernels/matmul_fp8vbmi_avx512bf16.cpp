@@ -24,11 +24,13 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   // against M (1..4) activation rows x + m * xs (bf16, perm64 order): tot[i][m] (16 lanes each,
   // [2][4][16]) receives, per 128-column block, the block's dot products times its scale, summed in
   // fp32 in block order; the caller reduces the lanes. K % 128 == 0. pf, pf + K: the rows to
-  // prefetch into L1 at the same columns (the next pair, or these rows again); far, far + K: two
-  // rows to request into L2, also at the same columns (one line of each per 64 columns). Walking
-  // them one after the other instead read m = 2 at 0.66-0.69 of the bandwidth against 0.69-0.72
-  // now, m = 3 alike (`bench gemm`, model-167 Xeon VM, FATHOM_FP8_F16=0); the fp16 kernel gained
-  // 1.05-1.15x from the same change.
+  // prefetch into L1 (the next pair, or these rows again); far, far + K: two rows to request into
+  // L2; two lines of each pair per 64 columns. Where address_order_wanted holds (AMD CPUs) the two
+  // rows' lines are requested one after the other, as one run of addresses: `bench gemm --ab` at
+  // m = 2 / 3 1.15x, `bench serve --ab` 1.022-1.055x at 16 and 32 clients (Zen 5). Elsewhere at
+  // the columns being read: walking them one after the other read m = 2 at 0.66-0.69 of the
+  // bandwidth against 0.69-0.72 there, m = 3 alike (`bench gemm`, model-167 Xeon VM,
+  // FATHOM_FP8_F16=0); the fp16 kernel gained 1.05-1.15x from the same change.
   static constexpr bool kPairKernel = true;
   static void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
                           const float* scale, const uint8_t* pf, const uint8_t* far, float* tot);
@@ -80,21 +82,34 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 #define F8_ZERO8(A, B, C, D, E, F, G, H) \
   F8_ZERO(A) F8_ZERO(B) F8_ZERO(C) F8_ZERO(D) F8_ZERO(E) F8_ZERO(F) F8_ZERO(G) F8_ZERO(H)
 #define F8_STORE(R, OFF) "vmovaps %%" R ", " OFF "(%[tot])\n\t"
-// The same two lines of the next rows into L1 and of the far rows into L2, at byte offset OFF.
+// The requests of a 64-column half: the same two lines of the next rows into L1 and of the far rows
+// into L2, at byte offset OFF (columns order); or (address order, ADDR) the next two lines of the
+// next rows' joint run [pf, pf + 2K) into L1 and of the far rows' into L2, indexed by 2k from its
+// end (p1 = pf + 2K, f1 = far + 2K), O0 and O1 their offsets: a pair consumes 128 bytes a half.
+// clang-format off
 #define F8_PREFETCH(OFF)                    \
   "prefetcht0 " OFF "(%[p0],%[k])\n\t"      \
   "prefetcht0 " OFF "(%[p1],%[k])\n\t"      \
   "prefetcht1 " OFF "(%[f0],%[k])\n\t"      \
   "prefetcht1 " OFF "(%[f1],%[k])\n\t"
-// A 128-column block's requests, conversions (CONV into A0 B0 for weight row 0, A1 B1 for row 1)
-// and products (DP), a 64-column half at a time; shared by both pair kernels.
-#define F8_BLOCK(CONV, DP, A0, B0, A1, B1)                                                       \
-  F8_PREFETCH("") CONV("(%[w0],%[k])", A0, B0) CONV("(%[w1],%[k])", A1, B1) DP("0")              \
-  F8_PREFETCH("64") CONV("64(%[w0],%[k])", A0, B0) CONV("64(%[w1],%[k])", A1, B1) DP("128")
-// One 128-column block per iteration: prefetch the same two lines of the next rows into L1 and of
-// the far rows into L2, convert and dot each 64-column half, then add the block's sums times its
-// scale to the totals.
-#define F8_PAIR_LOOP(DP, FMA)                                                          \
+#define F8_PREFETCH_ADDR(O0, O1)            \
+  "prefetcht0 " O0 "(%[p1],%[k],2)\n\t"   \
+  "prefetcht0 " O1 "(%[p1],%[k],2)\n\t"   \
+  "prefetcht1 " O0 "(%[f1],%[k],2)\n\t"   \
+  "prefetcht1 " O1 "(%[f1],%[k],2)\n\t"
+// A 128-column block's requests (PF0, PF1: one set per half), conversions (CONV into A0 B0 for
+// weight row 0, A1 B1 for row 1) and products (DP), a 64-column half at a time; shared by both pair
+// kernels, in either request order.
+#define F8_BLOCK_WITH(PF0, PF1, CONV, DP, A0, B0, A1, B1)                          \
+  PF0 CONV("(%[w0],%[k])", A0, B0) CONV("(%[w1],%[k])", A1, B1) DP("0")            \
+  PF1 CONV("64(%[w0],%[k])", A0, B0) CONV("64(%[w1],%[k])", A1, B1) DP("128")
+#define F8_BLOCK(CONV, DP, A0, B0, A1, B1) \
+  F8_BLOCK_WITH(F8_PREFETCH(""), F8_PREFETCH("64"), CONV, DP, A0, B0, A1, B1)
+#define F8_BLOCK_ADDR(CONV, DP, A0, B0, A1, B1) \
+  F8_BLOCK_WITH(F8_PREFETCH_ADDR("", "64"), F8_PREFETCH_ADDR("128", "192"), CONV, DP, A0, B0, A1, B1)
+// One 128-column block per iteration (BLOCK: F8_BLOCK or F8_BLOCK_ADDR): request the rows ahead,
+// convert and dot each 64-column half, then add the block's sums times its scale to the totals.
+#define F8_PAIR_LOOP_B(BLOCK, DP, FMA)                                                 \
   "vmovdqa64 0(%[tab]), %%zmm28\n\t"                                                  \
   "vmovdqa64 64(%[tab]), %%zmm29\n\t"                                                 \
   "vmovdqa64 128(%[tab]), %%zmm30\n\t"                                                \
@@ -103,13 +118,16 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   F8_ZERO8("zmm8", "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15")       \
   "1:\n\t"                                                                             \
   F8_ZERO8("zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7")             \
-  F8_BLOCK(F8_CONV, DP, "zmm16", "zmm17", "zmm18", "zmm19")                             \
+  BLOCK(F8_CONV, DP, "zmm16", "zmm17", "zmm18", "zmm19")                                \
   "vbroadcastss (%[s]), %%zmm24\n\t" FMA                                               \
   "add $4, %[s]\n\t"                                                                   \
   "add $128, %[k]\n\t"                                                                 \
   "jnz 1b\n\t"                                                                         \
   F8_STORE("zmm8", "0") F8_STORE("zmm9", "64") F8_STORE("zmm10", "128") F8_STORE("zmm11", "192") \
   F8_STORE("zmm12", "256") F8_STORE("zmm13", "320") F8_STORE("zmm14", "384") F8_STORE("zmm15", "448")
+#define F8_PAIR_LOOP(DP, FMA) F8_PAIR_LOOP_B(F8_BLOCK, DP, FMA)
+#define F8_PAIR_LOOP_ADDR(DP, FMA) F8_PAIR_LOOP_B(F8_BLOCK_ADDR, DP, FMA)
+// clang-format on
 
 #define F8_CLOBBERS                                                                                  \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",   \
@@ -123,27 +141,34 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   const float* s = scale;
   const uint8_t* tab = kByteTables.lo;  // lo[128] then hi[128]
   const uint32_t sign = 0x80808080u;
-#define F8_PAIR_ASM(DP, FMA)                                                                     \
-  asm volatile(F8_PAIR_LOOP(DP, FMA)                                                             \
+#define F8_PAIR_ASM(LOOP, DP, FMA)                                                               \
+  asm volatile(LOOP(DP, FMA)                                                                     \
                : [k] "+r"(k), [s] "+r"(s)                                                        \
                : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), \
                  [x1] "r"(e.x1), [x2] "r"(e.x2), [x3] "r"(e.x3), [tot] "r"(tot), [tab] "r"(tab), \
                  [sign] "m"(sign), [f0] "r"(e.f0), [f1] "r"(e.f1)                                \
                : F8_CLOBBERS)
+#define F8_PAIR_ASM_EITHER(DP, FMA)          \
+  if (address_order_wanted()) {              \
+    F8_PAIR_ASM(F8_PAIR_LOOP_ADDR, DP, FMA); \
+  } else {                                   \
+    F8_PAIR_ASM(F8_PAIR_LOOP, DP, FMA);      \
+  }
   switch (m) {
     case 1:
-      F8_PAIR_ASM(F8_DP1, F8_FMA1);
+      F8_PAIR_ASM_EITHER(F8_DP1, F8_FMA1);
       return;
     case 2:
-      F8_PAIR_ASM(F8_DP2, F8_FMA2);
+      F8_PAIR_ASM_EITHER(F8_DP2, F8_FMA2);
       return;
     case 3:
-      F8_PAIR_ASM(F8_DP3, F8_FMA3);
+      F8_PAIR_ASM_EITHER(F8_DP3, F8_FMA3);
       return;
     default:
-      F8_PAIR_ASM(F8_DP4, F8_FMA4);
+      F8_PAIR_ASM_EITHER(F8_DP4, F8_FMA4);
       return;
   }
+#undef F8_PAIR_ASM_EITHER
 #undef F8_PAIR_ASM
 }
 
@@ -178,7 +203,7 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   F8_SFMA("zmm0", "zmm10") F8_SFMA("zmm1", "zmm11") F8_SFMA("zmm2", "zmm12") F8_SFMA("zmm3", "zmm13")   \
       F8_SFMA("zmm4", "zmm14") F8_SFMA("zmm5", "zmm15") F8_SFMA("zmm6", "zmm16") F8_SFMA("zmm7", "zmm17") \
           F8_SFMA("zmm8", "zmm18") F8_SFMA("zmm9", "zmm19")
-#define F8_PAIR5_LOOP                                                                                   \
+#define F8_PAIR5_LOOP_B(BLOCK)                                                                          \
   "vmovdqa64 %[t0], %%zmm28\n\t"                                                                       \
   "vmovdqa64 %[t1], %%zmm29\n\t"                                                                       \
   "vmovdqa64 %[t2], %%zmm30\n\t"                                                                       \
@@ -187,7 +212,7 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   F8_ZERO("zmm18") F8_ZERO("zmm19")                                                                    \
   "1:\n\t"                                                                                             \
   F8_ZERO8("zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7") F8_ZERO("zmm8") F8_ZERO("zmm9") \
-  F8_BLOCK(F8_CONV5, F8_DP5, "zmm20", "zmm21", "zmm22", "zmm23")                                      \
+  BLOCK(F8_CONV5, F8_DP5, "zmm20", "zmm21", "zmm22", "zmm23")                                         \
   F8_SFMA5                                                                                             \
   "add $4, %[s]\n\t"                                                                                   \
   "add $128, %[k]\n\t"                                                                                 \
@@ -202,6 +227,8 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   "vmovaps %%zmm17, %[o7]\n\t"                                                                         \
   "vmovaps %%zmm18, %[o8]\n\t"                                                                         \
   "vmovaps %%zmm19, %[o9]\n\t"
+#define F8_PAIR5_LOOP F8_PAIR5_LOOP_B(F8_BLOCK)
+#define F8_PAIR5_LOOP_ADDR F8_PAIR5_LOOP_B(F8_BLOCK_ADDR)
 // clang-format on
 
 void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
@@ -213,16 +240,23 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
   static const uint32_t sign = 0x80808080u;
   const auto* t = reinterpret_cast<const __m512i*>(kByteTables.lo);  // lo[128] then hi[128]
   auto* o = reinterpret_cast<__m512*>(tot);                          // [2][5] totals
-  asm volatile(
-      F8_PAIR5_LOOP
-      : [k] "+r"(k), [s] "+r"(s), [o0] "=m"(o[0]), [o1] "=m"(o[1]), [o2] "=m"(o[2]), [o3] "=m"(o[3]),
-        [o4] "=m"(o[4]), [o5] "=m"(o[5]), [o6] "=m"(o[6]), [o7] "=m"(o[7]), [o8] "=m"(o[8]), [o9] "=m"(o[9])
-      : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), [x1] "r"(e.x1),
-        [x2] "r"(e.x2), [x3] "r"(e.x3), [x4] "r"(x4), [f0] "r"(e.f0), [f1] "r"(e.f1), [t0] "m"(t[0]),
-        [t1] "m"(t[1]), [t2] "m"(t[2]), [t3] "m"(t[3]), [sign] "m"(sign)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+#define F8_PAIR5_ASM(LOOP)                                                                                   \
+  asm volatile(                                                                                              \
+      LOOP                                                                                                   \
+      : [k] "+r"(k), [s] "+r"(s), [o0] "=m"(o[0]), [o1] "=m"(o[1]), [o2] "=m"(o[2]), [o3] "=m"(o[3]),        \
+        [o4] "=m"(o[4]), [o5] "=m"(o[5]), [o6] "=m"(o[6]), [o7] "=m"(o[7]), [o8] "=m"(o[8]), [o9] "=m"(o[9]) \
+      : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), [x1] "r"(e.x1),      \
+        [x2] "r"(e.x2), [x3] "r"(e.x3), [x4] "r"(x4), [f0] "r"(e.f0), [f1] "r"(e.f1), [t0] "m"(t[0]),        \
+        [t1] "m"(t[1]), [t2] "m"(t[2]), [t3] "m"(t[3]), [sign] "m"(sign)                                     \
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",    \
+        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",   \
         "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
+  if (address_order_wanted()) {
+    F8_PAIR5_ASM(F8_PAIR5_LOOP_ADDR);
+  } else {
+    F8_PAIR5_ASM(F8_PAIR5_LOOP);
+  }
+#undef F8_PAIR5_ASM
 }
 
 // fp8 weights against 12-32 or 62-64 activation rows (the batched decode's dense projections;

@@ -67,12 +67,14 @@ struct ActView {
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
-// Whether bf16 and fp8 weights at one activation row take the one-row-at-a-time kernels
-// (bf16_stream_matvec, fp8_stream_matvec; kStreamL1Bytes below): on AMD CPUs, where they were
-// measured (Zen 5), unless overridden for tests and benchmarks like fp8_use_vbmi; elsewhere the
-// four-row kernels, tuned on the Xeons.
-bool matvec_use_stream();
-void set_matvec_stream_override(int override);
+// Whether the matrix-vector kernels read a call's weights in address order (kStreamL1Bytes below):
+// bf16 and fp8 at one activation row one row at a time (bf16_stream_matvec, fp8_stream_matvec), and
+// the fp8 pair kernels' requests for the rows ahead as one run (Fp8VbmiConv::pair_kernel). On AMD
+// CPUs, where it was measured (Zen 5), unless overridden for tests and benchmarks like
+// fp8_use_vbmi; elsewhere the orders tuned on the Xeons (four rows side by side, requests at the
+// columns being read, which the model-167 Xeon ran 1.04x faster than address order).
+bool address_order_wanted();
+void set_address_order_override(int override);
 // Whether fp8 weights at 2..kFp8F16MaxM activation rows use fp16 arithmetic (CPU support: AVX-512
 // FP16 and the VBMI converter, unless overridden for tests and benchmarks like fp8_use_vbmi;
 // FATHOM_FP8_F16=0 turns it off for the process). Buffers are sized by fp8_f16_available, which
@@ -287,7 +289,7 @@ class NextWeightsScope {
   NextWeightsScope& operator=(const NextWeightsScope&) = delete;
 };
 
-// The one-row-at-a-time matrix-vector kernels (matvec_use_stream): a call's rows lie one after
+// The one-row-at-a-time matrix-vector kernels (address_order_wanted): a call's rows lie one after
 // another, so reading them row by row is one run of addresses, which the hardware prefetcher
 // follows. The kernels that walk four or two rows side by side read several runs at once, which on
 // the Zen 5 VM cost 15-25% of the rate whenever its memory was slow (most of its phases; `bench

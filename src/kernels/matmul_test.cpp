@@ -396,19 +396,21 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
   matmul_internal::set_fp8_vbmi_override(-1);
 }
 
-// One activation row of bf16 and fp8 weights: the one-row-at-a-time kernels (matvec_use_stream,
-// taken on AMD CPUs) and the four-row ones both match the reference on every CPU with AVX-512 BF16,
-// fp8 with either converter, over whole 128-column blocks (the stream kernels) and ragged widths
-// (the four-row ones), row counts that leave partial groups, and with the next weights hinted or
-// not (the requests run on into them past the last row and must not change a result).
-TEST(Matmul, OneRowAndFourRowMatvecBothMatchReference) {
+// The matrix-vector kernels in both read orders (address_order_wanted, taken on AMD CPUs): at one
+// activation row bf16 and fp8 one row at a time or four rows side by side, at 2-5 rows the fp8 pair
+// kernels with their requests in address or column order. Each matches the reference on every CPU
+// with AVX-512 BF16, fp8 with either converter, over whole 128-column blocks and ragged widths (the
+// one-row kernels need whole blocks), row counts that leave partial groups, and with the next
+// weights hinted or not (the requests run on into them past the last row and must not change a
+// result).
+TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
   if (simd_level_supported() < SimdLevel::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16";
   auto other = random_weight(rng, DType::kBF16, 64, 1024);
   for (int stream : {0, 1}) {
-    matmul_internal::set_matvec_stream_override(stream);
-    EXPECT_EQ(matmul_internal::matvec_use_stream(), stream == 1);
+    matmul_internal::set_address_order_override(stream);
+    EXPECT_EQ(matmul_internal::address_order_wanted(), stream == 1);
     for (int conv : {0, 1, 2}) {  // bf16; fp8 with the table converter; fp8 with VBMI
       const DType t = conv == 0 ? DType::kBF16 : DType::kF8E4M3;
       matmul_internal::set_fp8_vbmi_override(conv == 2 ? 1 : 0);
@@ -419,9 +421,10 @@ TEST(Matmul, OneRowAndFourRowMatvecBothMatchReference) {
         auto w = random_weight(rng, t, rows, cols, trial % 2 == 1);
         const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(128 * 1024));
         matmul_internal::NextWeightsScope next(other.data.data(), hint);
+        const int64_t m = trial < 4 ? 1 : 2 + static_cast<int64_t>(rng.below(4));
         Case c{rows,
                cols,
-               1,
+               m,
                trial % 3 == 1,
                static_cast<int64_t>(rng.below(3)),
                static_cast<int64_t>(rng.below(3))};
@@ -432,7 +435,7 @@ TEST(Matmul, OneRowAndFourRowMatvecBothMatchReference) {
     }
   }
   matmul_internal::set_fp8_vbmi_override(-1);
-  matmul_internal::set_matvec_stream_override(-1);
+  matmul_internal::set_address_order_override(-1);
 }
 
 // On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles from m = 2 and 4; the
