@@ -278,17 +278,30 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
 // (`bench gemm`, Zen 5).
 constexpr int64_t kLanesAhead = 12;
 
+// Where address_order_wanted holds, LanesBlock<8, 1> (up to 16 rows) requests the next eight rows
+// in address order while it multiplies these, one line per half-row it converts (a block converts
+// 2R half-rows, the next rows hold 2R lines per block), and fp8_lanes_rows requests a call's first
+// eight rows at its start: two threads from memory, `bench gemm --dtype fp8 --n 2816|3072|11264 --k
+// 2048 --ab` 0.99-1.07x at 12 and 16 rows, 1.04 median of eight (Zen 5). Four rows against 17-32
+// read 0.92-1.00x that way and keep their requests kLanesAhead blocks ahead in the same rows.
+template <int R>
+bool lanes_address_order() {
+  return R == 8 && address_order_wanted();
+}
+
 template <int R, int H>
 struct LanesBlock {
   static_assert((R == 8 && H == 1) || (R == 4 && H == 2));
   static constexpr int kStepsPerHalfRow = 16 / (2 * R);
   // Weight rows w0 + i * K (i < R, one 128-row scale group: scale is its row) against the 16 * H
   // lane rows of xt (stride xts): tot[i][h] lane l = row i's dot product with activation row
-  // 16h + l. next: the rows after these, whose first blocks are requested at the end, or null.
+  // 16h + l. next: the rows after these (requested in address order while these are multiplied,
+  // or, in the other order, their first blocks at the end), or null.
   static void run(const Fp8VbmiConvert& conv, const uint8_t* w0, int64_t K, const uint32_t* xt, int64_t xts,
                   const float* scale, const uint8_t* next, __m512 (&tot)[R][H]) {
     alignas(64) uint32_t buf[2][R * 64];  // one block of the R rows as bf16 pairs, in their stored order
     const int64_t nb = K / 128;
+    const bool addr = lanes_address_order<R>();
     // half-row j (row j / 2, columns 64 * (j % 2) of the block) of block b, converted into dst
     const auto convert_half = [&](int64_t b, int j, uint32_t* dst) {
       const int i = j >> 1, h = j & 1;
@@ -337,8 +350,12 @@ struct LanesBlock {
         if (step % kStepsPerHalfRow == 0) {
           const int j = step / kStepsPerHalfRow;
           if (b + 1 < nb) convert_half(b + 1, j, nxt);
-          if (ahead != nullptr)
+          if (addr) {
+            if (next != nullptr)
+              _mm_prefetch(reinterpret_cast<const char*>(next + (b * 2 * R + j) * 64), _MM_HINT_T0);
+          } else if (ahead != nullptr) {
             _mm_prefetch(reinterpret_cast<const char*>(ahead + (j >> 1) * K + 64 * (j & 1)), _MM_HINT_T0);
+          }
         }
       }
       const __m512 sc = _mm512_set1_ps(scale[b]);
@@ -367,6 +384,8 @@ void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy
                     int64_t r1) {
   CHECK(fp8_lanes_m(x.m));
   const Fp8VbmiConvert conv;
+  if (x.m <= 16 && lanes_address_order<8>())
+    prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(8, r1 - r0) * w.cols);
   for (int64_t r = r0; r < r1; r += 8) {
     const uint8_t* next8 = r + 8 < r1 ? fp8_row(w, r + 8) : nullptr;
     if (x.m <= 16) {
