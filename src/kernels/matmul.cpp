@@ -143,18 +143,18 @@ void set_fp8_vbmi_override(int override) {
 
 namespace {
 
-std::atomic<int> g_stream_override{-1};
+std::atomic<int> g_address_order_override{-1};
 
 }  // namespace
 
 bool address_order_wanted() {
   static const bool amd = cpu_features().vendor == "AuthenticAMD";
-  const int o = g_stream_override.load(std::memory_order_relaxed);
+  const int o = g_address_order_override.load(std::memory_order_relaxed);
   return o < 0 ? amd : o != 0;
 }
 
 void set_address_order_override(int override) {
-  g_stream_override.store(override);
+  g_address_order_override.store(override);
 }
 
 namespace {

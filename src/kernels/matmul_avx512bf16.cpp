@@ -127,7 +127,7 @@ void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
 // m = 1 where address_order_wanted holds, k a multiple of 128: one weight row at a time, the call's
 // rows one run of addresses (kStreamL1Bytes in matmul_impl.h: why, and the requests ahead), four
 // chains of 32-column products per row. The vocabulary head [102400 x 2048] from memory, two
-// threads: 1.12-1.18x the four-row kernel (`bench gemm --dtype bf16 --m 1 --ab`, Zen 5).
+// threads: 1.07-1.18x the four-row kernel (`bench gemm --dtype bf16 --m 1 --ab`, Zen 5).
 void bf16_stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumulate, int64_t r0,
                         int64_t r1) {
   constexpr int64_t d1 = kStreamL1Bytes, d2 = kStreamL2Bytes;

@@ -67,9 +67,10 @@ struct ActView {
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
-// Whether the matrix-vector kernels read a call's weights in address order (kStreamL1Bytes below):
-// bf16 and fp8 at one activation row one row at a time (bf16_stream_matvec, fp8_stream_matvec), and
-// the fp8 pair kernels' requests for the rows ahead as one run (Fp8VbmiConv::pair_kernel). On AMD
+// Whether the row-wise kernels read a call's weights in address order (kStreamL1Bytes below): bf16
+// and fp8 at one activation row one row at a time (bf16_stream_matvec, fp8_stream_matvec), and the
+// requests for the rows ahead as one run in the fp8 pair kernels (Fp8VbmiConv::pair_kernel) and the
+// fp8 lanes kernel at up to 16 rows (lanes_address_order). On AMD
 // CPUs, where it was measured (Zen 5), unless overridden for tests and benchmarks like
 // fp8_use_vbmi; elsewhere the orders tuned on the Xeons (four rows side by side, requests at the
 // columns being read, which the model-167 Xeon ran 1.04x faster than address order).
