@@ -130,29 +130,21 @@ void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
 // threads: 1.07-1.18x the four-row kernel (`bench gemm --dtype bf16 --m 1 --ab`, Zen 5).
 void bf16_stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumulate, int64_t r0,
                         int64_t r1) {
-  constexpr int64_t d1 = kStreamL1Bytes, d2 = kStreamL2Bytes;
   const int64_t K = w.cols;
+  const uint8_t* begin = reinterpret_cast<const uint8_t*>(row_ptr(w, r0));
   const uint8_t* end = reinterpret_cast<const uint8_t*>(row_ptr(w, r1));
   const NextWeights nw = t_next_weights;
-  const uint8_t* first = reinterpret_cast<const uint8_t*>(row_ptr(w, r0));
-  prefetch_range_l1(first, std::min<int64_t>(d1, end - first));
+  prefetch_range_l1(begin, std::min<int64_t>(kStreamL1Bytes, end - begin));
   for (int64_t r = r0; r < r1; ++r) {
     const uint16_t* wr = row_ptr(w, r);
     const uint8_t* wb = reinterpret_cast<const uint8_t*>(wr);
-    const bool inside = end - wb >= 2 * K + d2;  // every request of this row lands within the call's rows
+    const bool inside =
+        end - wb >= 2 * K + kStreamL2Bytes;  // every request of this row lands within the call
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t k = 0; k < K; k += 128) {
       const uint8_t* p = wb + 2 * k;
       FATHOM_UNROLL
-      for (int l = 0; l < 256; l += 64) {
-        if (inside) {
-          _mm_prefetch(reinterpret_cast<const char*>(p + l + d1), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(p + l + d2), _MM_HINT_T1);
-        } else {
-          STREAM_PREFETCH(p + l, d1, end, nw, _MM_HINT_T0);
-          STREAM_PREFETCH(p + l, d2, end, nw, _MM_HINT_T1);
-        }
-      }
+      for (int l = 0; l < 256; l += 64) STREAM_REQUEST_LINE(p + l, inside, end, nw);
       FATHOM_UNROLL
       for (int u = 0; u < 4; ++u)
         acc[u] = _mm512_dpbf16_ps(acc[u], as_bh(_mm512_loadu_si512(wr + k + 32 * u)),

@@ -62,9 +62,8 @@ inline AheadRows rows_ahead(const WeightView& w, int64_t r, int64_t r1, int R) {
 // where neither holds R rows.
 inline AheadRows far_rows(const WeightView& w, int64_t r, int64_t r1, int R) {
   if (r + R <= r1) return AheadRows{fp8_row(w, r), R};
-  const NextWeights& nw = t_next_weights;
-  const int64_t off = std::max<int64_t>(r - r1, 0) * w.cols;
-  if (off + R * w.cols <= nw.bytes) return AheadRows{nw.p + off, R};
+  if (const uint8_t* p = t_next_weights.at(std::max<int64_t>(r - r1, 0) * w.cols, R * w.cols))
+    return AheadRows{p, R};
   return rows_ahead(w, r, r1, R);
 }
 
@@ -216,28 +215,18 @@ void fp8_stream_matvec(const WeightView& w, const ActView& x, float* y, bool acc
                        int64_t r1) {
   const Conv conv;
   const int64_t K = w.cols, nb = K / 128;
-  constexpr int64_t d1 = kStreamL1Bytes, d2 = kStreamL2Bytes;
-  const uint8_t* end = fp8_row(w, r1);
+  const uint8_t *begin = fp8_row(w, r0), *end = fp8_row(w, r1);
   const NextWeights nw = t_next_weights;
-  prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(d1, end - fp8_row(w, r0)));
+  prefetch_range_l1(begin, std::min<int64_t>(kStreamL1Bytes, end - begin));
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wr = fp8_row(w, r);
     const float* scale = fp8_scale_row(w, r);
-    const bool inside = end - wr >= K + d2;  // every request of this row lands within the call's rows
+    const bool inside = end - wr >= K + kStreamL2Bytes;  // every request of this row lands within the call
     __m512 tot = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = wr + 128 * b;
-      if (inside) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + d1), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + d1 + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + d2), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(p + d2 + 64), _MM_HINT_T1);
-      } else {
-        STREAM_PREFETCH(p, d1, end, nw, _MM_HINT_T0);
-        STREAM_PREFETCH(p + 64, d1, end, nw, _MM_HINT_T0);
-        STREAM_PREFETCH(p, d2, end, nw, _MM_HINT_T1);
-        STREAM_PREFETCH(p + 64, d2, end, nw, _MM_HINT_T1);
-      }
+      STREAM_REQUEST_LINE(p, inside, end, nw);
+      STREAM_REQUEST_LINE(p + 64, inside, end, nw);
       __m512i a0, b0, a1, b1;
       conv.convert64(p, ~__mmask64{0}, a0, b0);
       conv.convert64(p + 64, ~__mmask64{0}, a1, b1);
@@ -304,24 +293,27 @@ concept HasPairKernel5 = Conv::kPairRows5 == 5;
 // Weight rows r and r + 1 against activation rows [m0, m0 + mc) through Conv::pair_kernel (mc <=
 // kChunk) or Conv::pair_kernel5 (mc = 5), which leave per-lane totals ([2][mc's kernel rows][16])
 // to reduce here; pf, pf + K: the rows to prefetch into L1, far, far + K: the rows to request into
-// L2 (these rows again when there are none). r is even, so r + 1 starts no 128-row group and both
-// rows share a scale row. (An earlier try at L2 requests, the rows 16 ahead as a burst before each
-// pair, made batched decode steps 5.6% slower; these far requests, spread over the loop, came with
-// steps 1.05-1.10x faster: docs/PERFORMANCE.md, "Serving".)
+// L2 (these rows again when there are none), in address order with address_order. r is even, so r +
+// 1 starts no 128-row group and both rows share a scale row. (An earlier try at L2 requests, the
+// rows 16 ahead as a burst before each pair, made batched decode steps 5.6% slower; these far
+// requests, spread over the loop, came with steps 1.05-1.10x faster: docs/PERFORMANCE.md,
+// "Serving".)
 template <class Conv>
 void fp8_pair(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r,
-              int64_t m0, int mc, const uint8_t* pf, const uint8_t* far) {
+              int64_t m0, int mc, const uint8_t* pf, const uint8_t* far, bool address_order) {
   alignas(64) float tot[2 * 5 * 16];
   int rows = kChunk;  // activation rows per weight row in tot
   const uint16_t* xb = x.bf16 + m0 * x.stride;
   if constexpr (HasPairKernel5<Conv>) {
     if (mc == 5) {
-      Conv::pair_kernel5(fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, tot);
+      Conv::pair_kernel5(fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, address_order,
+                         tot);
       rows = 5;
     }
   }
   if (rows == kChunk)
-    Conv::pair_kernel(mc, fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, tot);
+    Conv::pair_kernel(mc, fp8_row(w, r), w.cols, xb, x.stride, fp8_scale_row(w, r), pf, far, address_order,
+                      tot);
   for (int i = 0; i < mc; ++i) {
     float* yr = y + (m0 + i) * ldy + r;
     const float s0 = _mm512_reduce_add_ps(_mm512_load_ps(tot + i * 16));
@@ -337,6 +329,7 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
   const Conv conv;
   constexpr int R = 2;
   [[maybe_unused]] const bool pairs = HasPairKernel<Conv> && w.cols % 128 == 0 && r0 % 2 == 0;
+  [[maybe_unused]] const bool address_order = address_order_wanted();  // the pair kernels' request order
   prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(2 * R, r1 - r0) * w.cols);  // the first two groups
   const int64_t m = x.m;
   // with the five-row kernel, chunks of at most five (5 -> 5, 9 -> 4 + 5, 10 -> 5 + 5, 13 -> 4 + 4 +
@@ -356,7 +349,7 @@ void fp8_mv_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, b
         if constexpr (HasPairKernel<Conv>) {
           if (pairs) {  // the pair kernel takes two whole rows each (these rows again when there are none)
             fp8_pair<Conv>(w, x, y, ldy, accumulate, r, m0, mc, next.n == R ? next.p : fp8_row(w, r),
-                           far.n == R ? far.p : fp8_row(w, r));
+                           far.n == R ? far.p : fp8_row(w, r), address_order);
             continue;
           }
         }

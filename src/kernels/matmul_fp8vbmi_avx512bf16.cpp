@@ -25,19 +25,20 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   // [2][4][16]) receives, per 128-column block, the block's dot products times its scale, summed in
   // fp32 in block order; the caller reduces the lanes. K % 128 == 0. pf, pf + K: the rows to
   // prefetch into L1 (the next pair, or these rows again); far, far + K: two rows to request into
-  // L2; two lines of each pair per 64 columns. Where address_order_wanted holds (AMD CPUs) the two
-  // rows' lines are requested one after the other, as one run of addresses: `bench gemm --ab` at
-  // m = 2 / 3 1.15x, `bench serve --ab` 1.022-1.055x at 16 and 32 clients (Zen 5). Elsewhere at
-  // the columns being read: walking them one after the other read m = 2 at 0.66-0.69 of the
-  // bandwidth against 0.69-0.72 there, m = 3 alike (`bench gemm`, model-167 Xeon VM,
-  // FATHOM_FP8_F16=0); the fp16 kernel gained 1.05-1.15x from the same change.
+  // L2; two lines of each pair per 64 columns. With address_order (the caller's address_order_wanted:
+  // AMD CPUs) the two rows' lines are requested one after the other, as one run of addresses: `bench gemm
+  // --ab` at m = 2 / 3 1.15x, `bench serve --ab` 1.022-1.055x at 16 and 32 clients (Zen 5). Elsewhere at the
+  // columns being read: walking them one after the other read m = 2 at 0.66-0.69 of the bandwidth against
+  // 0.69-0.72 there, m = 3 alike (`bench gemm`, model-167 Xeon VM, FATHOM_FP8_F16=0); the fp16 kernel
+  // gained 1.05-1.15x from the same change.
   static constexpr bool kPairKernel = true;
   static void pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
-                          const float* scale, const uint8_t* pf, const uint8_t* far, float* tot);
+                          const float* scale, const uint8_t* pf, const uint8_t* far, bool address_order,
+                          float* tot);
   // The same for exactly five activation rows (kPairRows5 of them): tot is [2][5][16].
   static constexpr int kPairRows5 = 5;
   static void pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs, const float* scale,
-                           const uint8_t* pf, const uint8_t* far, float* tot);
+                           const uint8_t* pf, const uint8_t* far, bool address_order, float* tot);
 };
 
 // Register plan of fp8_pair_kernel: zmm0-7 the current block's sums, zmm(4i + m) for weight row i
@@ -135,7 +136,8 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
       "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory"
 
 void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
-                              const float* scale, const uint8_t* pf, const uint8_t* far, float* tot) {
+                              const float* scale, const uint8_t* pf, const uint8_t* far, bool address_order,
+                              float* tot) {
   int64_t k = -K;
   const Fp8PairEnds e(m, w0, K, x, xs, pf, far);  // bf16 rows are indexed by 2 * k bytes
   const float* s = scale;
@@ -149,7 +151,7 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
                  [sign] "m"(sign), [f0] "r"(e.f0), [f1] "r"(e.f1)                                \
                : F8_CLOBBERS)
 #define F8_PAIR_ASM_EITHER(DP, FMA)          \
-  if (address_order_wanted()) {              \
+  if (address_order) {                       \
     F8_PAIR_ASM(F8_PAIR_LOOP_ADDR, DP, FMA); \
   } else {                                   \
     F8_PAIR_ASM(F8_PAIR_LOOP, DP, FMA);      \
@@ -232,7 +234,8 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
 // clang-format on
 
 void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, int64_t xs,
-                               const float* scale, const uint8_t* pf, const uint8_t* far, float* tot) {
+                               const float* scale, const uint8_t* pf, const uint8_t* far, bool address_order,
+                               float* tot) {
   int64_t k = -K;
   const Fp8PairEnds e(4, w0, K, x, xs, pf, far);  // bf16 rows are indexed by 2 * k bytes
   const uint16_t* x4 = e.x0 + 4 * xs;
@@ -251,7 +254,7 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",    \
         "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",   \
         "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
-  if (address_order_wanted()) {
+  if (address_order) {
     F8_PAIR5_ASM(F8_PAIR5_LOOP_ADDR);
   } else {
     F8_PAIR5_ASM(F8_PAIR5_LOOP);

@@ -69,7 +69,7 @@ bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
 // Whether the row-wise kernels read a call's weights in address order (kStreamL1Bytes below): bf16
 // and fp8 at one activation row one row at a time (bf16_stream_matvec, fp8_stream_matvec), and the
-// requests for the rows ahead as one run in the fp8 pair kernels (Fp8VbmiConv::pair_kernel) and the
+// requests for the rows ahead as one run in the fp8 pair kernels (fp8_mv_rows' pair_kernel) and the
 // fp8 lanes kernel at up to 16 rows (lanes_address_order). On AMD
 // CPUs, where it was measured (Zen 5), unless overridden for tests and benchmarks like
 // fp8_use_vbmi; elsewhere the orders tuned on the Xeons (four rows side by side, requests at the
@@ -278,6 +278,10 @@ inline const float* fp8_scale_row(const WeightView& w, int64_t r) {
 struct NextWeights {
   const uint8_t* p = nullptr;
   int64_t bytes = 0;
+  // The byte `off` of these weights when [off, off + len) lies within them, else null.
+  const uint8_t* at(int64_t off, int64_t len) const {
+    return off >= 0 && off + len <= bytes ? p + off : nullptr;
+  }
 };
 inline thread_local NextWeights t_next_weights;
 class NextWeightsScope {
@@ -305,16 +309,24 @@ inline constexpr int64_t kStreamL2Bytes = 8192;
 // The byte `d` past q in the run that ends at `end`, or past `end` in the thread's next weights;
 // null where neither holds it.
 inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* end, const NextWeights& nw) {
-  if (d < end - q) return q + d;
-  const int64_t off = d - (end - q);
-  return off < nw.bytes ? nw.p + off : nullptr;
+  return d < end - q ? q + d : nw.at(d - (end - q), 1);
 }
-// A macro, not a helper: GCC 12 drops _mm_prefetch from lambdas and inline helpers here.
+// The one-row kernels' requests for line P of the run that ends at END: the line kStreamL1Bytes
+// ahead into L1 and the one kStreamL2Bytes ahead into L2, on into NW past END; INSIDE (both within
+// the run, the common case) skips the checks. A macro, not a helper: GCC 12 drops _mm_prefetch from
+// lambdas and inline helpers here.
 // clang-format off
-#define STREAM_PREFETCH(Q, D, END, NW, HINT)                                      \
-  do {                                                                            \
-    const uint8_t* pf_ = stream_ahead((Q), (D), (END), (NW));                     \
-    if (pf_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf_), (HINT)); \
+#define STREAM_REQUEST_LINE(P, INSIDE, END, NW)                                                      \
+  do {                                                                                               \
+    if (INSIDE) {                                                                                    \
+      _mm_prefetch(reinterpret_cast<const char*>((P) + kStreamL1Bytes), _MM_HINT_T0);                \
+      _mm_prefetch(reinterpret_cast<const char*>((P) + kStreamL2Bytes), _MM_HINT_T1);                \
+    } else {                                                                                         \
+      const uint8_t* l1_ = stream_ahead((P), kStreamL1Bytes, (END), (NW));                          \
+      const uint8_t* l2_ = stream_ahead((P), kStreamL2Bytes, (END), (NW));                          \
+      if (l1_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l1_), _MM_HINT_T0);             \
+      if (l2_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l2_), _MM_HINT_T1);             \
+    }                                                                                                \
   } while (0)
 // clang-format on
 
