@@ -230,6 +230,24 @@ TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
   }
 }
 
+// The quantised GEMM at a prefill's expert row counts: whole 64-row panels of whole block pairs
+// (the gathered-scale packing) beside a ragged last panel and a 96-column k tail (the general
+// packing), 3-row register tiles with 4- and 5-row calls split 2 + 2 and 3 + 2.
+TEST(Matmul, QuantisedGemmAtPrefillRowCounts) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (SimdLevel level : supported_levels()) {
+      SimdCap cap(level);
+      for (const int64_t m : {19, 22, 48, 50}) {
+        Case c{150, 608, m, m % 2 == 0, 0, 0};
+        auto w = random_weight(rng, t, c.rows, c.cols);
+        check_case(rng, w.view, c, *pool, describe(t, level, c));
+      }
+    }
+  }
+}
+
 TEST(Matmul, Fp8DecodesAllFiniteCodesAndPropagatesNaN) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
@@ -809,7 +827,7 @@ TEST(Matmul, NonFiniteActivationsGiveNaNNotGarbageForQuantisedWeights) {
     testing::SimdCap cap(level);
     for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
       auto w = testing::random_weight(rng, t, 20, 96);
-      for (int64_t m : {1, 7}) {
+      for (int64_t m : {1, 7, 14}) {  // 14: the GEMM
         std::vector<float> x = testing::random_floats(rng, m * 96), y(static_cast<size_t>(m * 20));
         x[40] = INFINITY;            // row 0, block 1
         if (m > 1) x[96 + 5] = NAN;  // row 1, block 0
