@@ -328,6 +328,14 @@ inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* e
       if (l2_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l2_), _MM_HINT_T1);             \
     }                                                                                                \
   } while (0)
+// The same, the L2 request only (the Q8_0 / Q4_0 one-row kernel, stream_matvec in
+// matmul_int8_avx512.cpp).
+#define STREAM_REQUEST_L2(P, INSIDE, END, NW)                                                        \
+  do {                                                                                               \
+    const uint8_t* l2_ = (INSIDE) ? (P) + kStreamL2Bytes                                             \
+                                  : stream_ahead((P), kStreamL2Bytes, (END), (NW));                  \
+    if (l2_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l2_), _MM_HINT_T1);                \
+  } while (0)
 // clang-format on
 
 // The row ends the fp8 pair kernels' assembly indexes with %[k] running from -K to 0: weight rows

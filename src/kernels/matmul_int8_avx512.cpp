@@ -9,6 +9,7 @@
 //  - above: blocked GEMM, panel [kc/4][64 columns][4 bytes], calls of up to 6 rows run as 3x64
 //    micro-kernels; per 32-block the int32 tile is converted and scaled into an fp32 tile held in
 //    registers.
+#include <algorithm>
 #include <cstring>
 
 #include "base/check.h"
@@ -149,6 +150,99 @@ void matvec_all(const WeightView& w, const ActView& x, float* y, int64_t ldy, bo
       break;
     default:
       break;
+  }
+}
+
+// The f16 scales of nc <= 16 consecutive blocks of a row (block j's at byte j * bb of p, an even
+// offset: word j * bb / 2) as 16 floats (0 past nc), without a gather: the chunk's bytes as four
+// pairs of vectors, each pair's scales picked into place by one vpermt2w. Reads only the chunk's
+// nc * bb bytes. (vpgatherdd took most of the one-row kernel's time on the Zen 5 VM.)
+template <DType D>
+struct ChunkScales {
+  alignas(64) uint16_t idx[4][32] = {};  // per pair q: the word (of its 64) holding block j's scale
+  __mmask32 mask[4] = {};                // per pair q: the blocks whose scale lies in it
+  ChunkScales() {
+    constexpr int kWordStride = static_cast<int>(block_bytes<D>() / 2);
+    for (int q = 0; q < 4; ++q) {
+      for (int j = 0; j < 16; ++j) {
+        const int word = kWordStride * j - 64 * q;
+        if (word >= 0 && word < 64) {
+          idx[q][j] = static_cast<uint16_t>(word);
+          mask[q] |= __mmask32{1} << j;
+        }
+      }
+    }
+  }
+  static __mmask64 first_bytes(int64_t n) {
+    return n >= 64 ? ~__mmask64{0} : n <= 0 ? __mmask64{0} : (__mmask64{1} << n) - 1;
+  }
+  __m512 get(const uint8_t* p, int nc) const {
+    const int64_t bytes = nc * block_bytes<D>();
+    __m512i out = _mm512_setzero_si512();
+    FATHOM_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      if (mask[q] == 0) continue;  // Q4_0's 16 scales lie in the first three pairs
+      const __m512i lo = _mm512_maskz_loadu_epi8(first_bytes(bytes - 128 * q), p + 128 * q);
+      const __m512i hi = _mm512_maskz_loadu_epi8(first_bytes(bytes - 128 * q - 64), p + 128 * q + 64);
+      out = _mm512_or_si512(out, _mm512_maskz_permutex2var_epi16(mask[q], lo, _mm512_load_si512(idx[q]), hi));
+    }
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(out));
+  }
+};
+
+// One activation row on CPUs that read a call's weights in address order (address_order_wanted:
+// AMD): one weight row at a time, so the call's rows are one run of addresses (matvec_all walks
+// four side by side), each line requested kStreamL2Bytes ahead into L2, on into the thread's next
+// weights past the call's last row. Per chunk of 16 blocks the 16 products d_w * d_x are formed
+// at once (ChunkScales) and each step's two take their lanes with one vpermps; two accumulators
+// alternate. Two threads from memory, `bench gemm --dtype q8_0 --m 1 --ab` against matvec_all:
+// [11264 x 2048] 1.05-1.32x, [2048 x 1408] 1.04-1.20x, [102400 x 2048] 1.19-1.24x (40-70 GB/s
+// phases); the V2-Lite Q8_0 decode step 1.25x at one client, 1.06x at 16 (`bench serve --ab`, 64-69
+// GB/s). L1 requests as well (the fp8 and bf16 one-row kernels' STREAM_REQUEST_LINE) read
+// 0.94-1.00x these; with a gather for the scales the kernel was slower than matvec_all from L3
+// (0.57-0.72x).
+template <DType D>
+void stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumulate, int64_t r0, int64_t r1) {
+  constexpr int64_t bb = block_bytes<D>();
+  static const ChunkScales<D> scales;
+  const int64_t nb = w.cols / 32, row_bytes = nb * bb;
+  const uint8_t* begin = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
+  const uint8_t* end = begin + (r1 - r0) * row_bytes;
+  const NextWeights nw = t_next_weights;
+  prefetch_range_l1(begin, std::min<int64_t>(kStreamL1Bytes, end - begin));
+  // lanes 0-7 of step j's products are block 2j of its chunk, lanes 8-15 block 2j + 1
+  const __m512i first_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = begin + (r - r0) * row_bytes;
+    const bool inside =
+        end - row >= row_bytes + kStreamL2Bytes;  // every request of this row lands within the call
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += 16) {
+      const int nc = static_cast<int>(std::min<int64_t>(16, nb - c0));
+      const uint8_t* pc = row + c0 * bb;
+      const __m512 s16 = _mm512_mul_ps(
+          scales.get(pc, nc), _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nc) - 1), x.qd + c0));
+      // the lines from the chunk's start (which may sit mid-line) past its end: one per step, the
+      // rest after the last
+      const int n_req = static_cast<int>((nc * bb + 63) / 64) + 1;
+      __m512i idx = first_idx;
+      int j = 0;
+      const auto product = [&](bool two) {
+        const int64_t b = c0 + j;
+        const __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.qcorr_lane + b * 8),
+                                              load_q64<D>(row, b, two), _mm512_loadu_si512(x.q + b * 32));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(idx, s16), acc0);
+      };
+      for (; j + 2 <= nc; j += 2) {
+        if (j / 2 < n_req) STREAM_REQUEST_L2(pc + 32 * j, inside, end, nw);
+        product(true);
+        std::swap(acc0, acc1);
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
+      }
+      for (int i = j / 2; i < n_req; ++i) STREAM_REQUEST_L2(pc + 64 * i, inside, end, nw);
+      if (j < nc) product(false);  // a last single block: the second half is zero on both sides
+    }
+    store_y(y + r, accumulate, _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
   }
 }
 
@@ -313,7 +407,9 @@ struct Int8Gemm {
 template <DType D>
 void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                 int64_t r1) {
-  if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
+  if (x.m == 1 && address_order_wanted()) {
+    stream_matvec<D>(w, x, y, accumulate, r0, r1);
+  } else if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
     matvec_rows<D>(w, x, y, ldy, accumulate, r0, r1);
   } else {
     gemm_rows<Int8Gemm<D>>(w, x, y, ldy, accumulate, r0, r1);

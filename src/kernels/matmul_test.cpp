@@ -456,6 +456,38 @@ TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
   matmul_internal::set_address_order_override(-1);
 }
 
+// Q8_0 and Q4_0 at one activation row: the one-row kernel (address order) and the four-row one,
+// over block counts that fill, split and leave odd the one-row kernel's 16-block chunks (1, 3, 16,
+// 17, 44, 65), with and without a next-weights hint for its requests past the last row.
+TEST(Matmul, QuantisedMatvecsInBothReadOrdersMatchReference) {
+  Rng rng(test_seed());
+  auto pool = ThreadPool::create(2);
+  if (simd_level_supported() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";
+  auto other = random_weight(rng, DType::kQ8_0, 64, 1024);
+  const int64_t blocks[] = {1, 3, 16, 17, 44, 65};
+  for (int stream : {0, 1}) {
+    matmul_internal::set_address_order_override(stream);
+    for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+      for (int trial = 0; trial < 8; ++trial) {
+        const int64_t cols = 32 * blocks[trial % 6];
+        const int64_t rows = 1 + static_cast<int64_t>(rng.below(300));
+        auto w = random_weight(rng, t, rows, cols, trial % 2 == 1);
+        const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(32 * 1024));
+        matmul_internal::NextWeightsScope next(other.data.data(), hint);
+        Case c{rows,
+               cols,
+               1,
+               trial % 3 == 1,
+               static_cast<int64_t>(rng.below(3)),
+               static_cast<int64_t>(rng.below(3))};
+        check_case(rng, w.view, c, *pool,
+                   fmt::format("stream={} hint={} {}", stream, hint, describe(t, simd_level(), c)));
+      }
+    }
+  }
+  matmul_internal::set_address_order_override(-1);
+}
+
 // On CPUs with AMX the bf16 and fp8 GEMMs with k a multiple of 64 run on tiles from m = 2 and 4; the
 // same cases with AMX turned off take the AVX-512 kernels, so both are checked here. Rows cover
 // tail panels and a second 128-row fp8 scale group; columns a 64-wide last block; m one and
