@@ -502,7 +502,11 @@ int64_t matvec_max_m(DType dtype, SimdLevel level) {
       return level >= SimdLevel::kAvx512Bf16 ? 16 : 8;
     case DType::kQ8_0:
     case DType::kQ4_0:
-      return 12;
+      // the GEMM from 10 rows: with its 3-row register tiles it beat the four-row matrix-vector
+      // kernel at 10-12 rows, 1.05-1.38x ([1408 x 2048] and [2048 x 1408], two threads from memory,
+      // `bench gemm --ab`, Zen 5; 0.85-1.08x at 9), and the Q8_0 experts at 96 / 128 tokens 1.06 /
+      // 1.03x (`bench moe --ab`)
+      return 9;
     case DType::kF8E4M3:
       return level >= SimdLevel::kAvx512Bf16 ? kFp8MatvecMaxM : 8;
     default:

@@ -182,8 +182,8 @@ RowsKernel rows_kernel_for(DType dtype, SimdLevel level);
 int64_t rows_granularity(DType dtype, SimdLevel level, int64_t m);
 
 // The largest m that takes the matrix-vector form at a level: weight rows are streamed once and
-// dotted with the activation rows in groups of up to 4 (up to 16 rows on AVX-512 for bf16, fp8
-// and int8, where that beats converting a GEMM panel for a few rows).
+// dotted with the activation rows in groups of up to 4 (up to 16 rows on AVX-512 for bf16 and fp8
+// and 9 for int8, where that beats converting a GEMM panel for a few rows).
 int64_t matvec_max_m(DType dtype, SimdLevel level);
 // fp8 weights on AVX-512 BF16: the row-wise kernels run up to this m (matmul_fp8_impl.h).
 inline constexpr int64_t kFp8MatvecMaxM = 16;

@@ -4,7 +4,7 @@
 // vpdpbusd multiplies unsigned by signed bytes, so weights enter as w + 128 (u8) and the
 // activations stay signed; the excess 128 * sum(x) is removed exactly by starting each int32
 // accumulator at the precomputed correction (-128 * sum of the activation bytes it covers).
-//  - m <= matvec_max_m (12): row-wise; two 32-blocks per 512-bit step, lanes 0-7 block b and 8-15
+//  - m <= matvec_max_m (9): row-wise; two 32-blocks per 512-bit step, lanes 0-7 block b and 8-15
 //    block b+1.
 //  - above: blocked GEMM, panel [kc/4][64 columns][4 bytes], calls of up to 6 rows run as 3x64
 //    micro-kernels; per 32-block the int32 tile is converted and scaled into an fp32 tile held in
