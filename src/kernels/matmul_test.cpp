@@ -420,7 +420,8 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
 // with AVX-512 BF16, fp8 with either converter, over whole 128-column blocks and ragged widths (the
 // one-row kernels need whole blocks), row counts that leave partial groups, and with the next
 // weights hinted or not (the requests run on into them past the last row and must not change a
-// result).
+// result). Q8_0 and Q4_0 alike (one row at a time or four side by side at m = 1), over block
+// counts that fill, split and leave odd the one-row kernel's 16-block chunks.
 TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
@@ -429,12 +430,18 @@ TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
   for (int stream : {0, 1}) {
     matmul_internal::set_address_order_override(stream);
     EXPECT_EQ(matmul_internal::address_order_wanted(), stream == 1);
-    for (int conv : {0, 1, 2}) {  // bf16; fp8 with the table converter; fp8 with VBMI
-      const DType t = conv == 0 ? DType::kBF16 : DType::kF8E4M3;
+    // bf16; fp8 with the table converter; fp8 with VBMI; Q8_0; Q4_0
+    for (int conv : {0, 1, 2, 3, 4}) {
+      const DType t = conv == 0   ? DType::kBF16
+                      : conv <= 2 ? DType::kF8E4M3
+                      : conv == 3 ? DType::kQ8_0
+                                  : DType::kQ4_0;
       matmul_internal::set_fp8_vbmi_override(conv == 2 ? 1 : 0);
+      const int64_t blocks[] = {1, 3, 16, 17, 44, 65};  // Q8_0 / Q4_0 widths in 32-column blocks
       for (int trial = 0; trial < 8; ++trial) {
-        const int64_t cols = trial == 7 ? 64 * static_cast<int64_t>(1 + rng.below(9)) + 32
-                                        : 128 * static_cast<int64_t>(1 + rng.below(8));
+        const int64_t cols = is_quant(t)  ? 32 * blocks[trial % 6]
+                             : trial == 7 ? 64 * static_cast<int64_t>(1 + rng.below(9)) + 32
+                                          : 128 * static_cast<int64_t>(1 + rng.below(8));
         const int64_t rows = 1 + static_cast<int64_t>(rng.below(300));
         auto w = random_weight(rng, t, rows, cols, trial % 2 == 1);
         const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(128 * 1024));
@@ -453,38 +460,6 @@ TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
     }
   }
   matmul_internal::set_fp8_vbmi_override(-1);
-  matmul_internal::set_address_order_override(-1);
-}
-
-// Q8_0 and Q4_0 at one activation row: the one-row kernel (address order) and the four-row one,
-// over block counts that fill, split and leave odd the one-row kernel's 16-block chunks (1, 3, 16,
-// 17, 44, 65), with and without a next-weights hint for its requests past the last row.
-TEST(Matmul, QuantisedMatvecsInBothReadOrdersMatchReference) {
-  Rng rng(test_seed());
-  auto pool = ThreadPool::create(2);
-  if (simd_level_supported() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";
-  auto other = random_weight(rng, DType::kQ8_0, 64, 1024);
-  const int64_t blocks[] = {1, 3, 16, 17, 44, 65};
-  for (int stream : {0, 1}) {
-    matmul_internal::set_address_order_override(stream);
-    for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-      for (int trial = 0; trial < 8; ++trial) {
-        const int64_t cols = 32 * blocks[trial % 6];
-        const int64_t rows = 1 + static_cast<int64_t>(rng.below(300));
-        auto w = random_weight(rng, t, rows, cols, trial % 2 == 1);
-        const int64_t hint = trial % 3 == 0 ? 0 : static_cast<int64_t>(rng.below(32 * 1024));
-        matmul_internal::NextWeightsScope next(other.data.data(), hint);
-        Case c{rows,
-               cols,
-               1,
-               trial % 3 == 1,
-               static_cast<int64_t>(rng.below(3)),
-               static_cast<int64_t>(rng.below(3))};
-        check_case(rng, w.view, c, *pool,
-                   fmt::format("stream={} hint={} {}", stream, hint, describe(t, simd_level(), c)));
-      }
-    }
-  }
   matmul_internal::set_address_order_override(-1);
 }
 
