@@ -400,7 +400,18 @@ struct Fp8Gemm {
         }
       }
     }
-    for (int64_t j = 0; j < kNR; ++j) p.scale[j] = j < nr ? fp8_scale_row(w, n0 + j)[k0 / 128] : 0.0f;
+    // the panel's block scales: one per row's 128-row group, so a single value where the panel lies in
+    // one group (every panel of a call starting on a multiple of 64 rows): a broadcast instead of a
+    // scale-row lookup per row, `bench gemm --dtype fp8 --m 24|48|96 --n 1408 --k 2048 --ab` 1.01 /
+    // 1.04 / 1.03x, `bench moe --tokens 256|512 --ab` 1.03 / 1.02x (Zen 5)
+    if (n0 % 128 + nr <= 128) {
+      const __m512 s = _mm512_set1_ps(fp8_scale_row(w, n0)[k0 / 128]);
+      FATHOM_UNROLL
+      for (int v = 0; v < kNR / 16; ++v)
+        _mm512_store_ps(p.scale + 16 * v, _mm512_maskz_mov_ps(lanes16(std::max<int64_t>(0, nr - 16 * v)), s));
+    } else {
+      for (int64_t j = 0; j < kNR; ++j) p.scale[j] = j < nr ? fp8_scale_row(w, n0 + j)[k0 / 128] : 0.0f;
+    }
   }
 
   template <int MR>
