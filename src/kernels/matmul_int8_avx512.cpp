@@ -190,22 +190,28 @@ struct ChunkScales {
   }
 };
 
-// One activation row on CPUs that read a call's weights in address order (address_order_wanted:
-// AMD): one weight row at a time, so the call's rows are one run of addresses (matvec_all walks
-// four side by side), each line requested kStreamL2Bytes ahead into L2, on into the thread's next
-// weights past the call's last row. Per chunk of 16 blocks the 16 products d_w * d_x are formed
-// at once (ChunkScales) and each step's two take their lanes with one vpermps; two accumulators
-// alternate. Two threads from memory, `bench gemm --dtype q8_0 --m 1 --ab` against matvec_all:
-// [11264 x 2048] 1.05-1.32x, [2048 x 1408] 1.04-1.20x, [102400 x 2048] 1.19-1.24x (40-70 GB/s
-// phases); the V2-Lite Q8_0 decode step 1.25x at one client, 1.06x at 16 (`bench serve --ab`, 64-69
-// GB/s). L1 requests as well (the fp8 and bf16 one-row kernels' STREAM_REQUEST_LINE) read
-// 0.94-1.00x these; with a gather for the scales the kernel was slower than matvec_all from L3
-// (0.57-0.72x).
-template <DType D>
-void stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumulate, int64_t r0, int64_t r1) {
+// One to three activation rows on CPUs that read a call's weights in address order
+// (address_order_wanted: AMD): one weight row at a time, so the call's rows are one run of
+// addresses (matvec_all walks four side by side), each line requested kStreamL2Bytes ahead into L2,
+// on into the thread's next weights past the call's last row. Per chunk of 16 blocks the 16 scale
+// products d_w * d_x of each activation row are formed at once (ChunkScales) and each step's two
+// take their lanes with one vpermps; at one row two accumulators alternate. Against matvec_all
+// (`bench gemm --dtype q8_0 --threads 2 --ab`, Zen 5, 40-70 GB/s phases): m = 1 [11264 x 2048]
+// 1.05-1.32x, [2048 x 1408] 1.04-1.20x, [102400 x 2048] 1.19-1.24x; m = 2 / 3 1.08-1.17x /
+// 1.34-1.37x, and from L3 on one thread 1.45 / 1.54x (m = 4 0.65x: it stays on matvec_all). The
+// V2-Lite Q8_0 decode step (`bench serve --ab`): 1.255x at one client, 1.063x at 16 (m = 1);
+// 1.093 / 1.074x at 16 / 32 clients (m = 2-3). L1 requests as well (the fp8 and bf16 one-row
+// kernels' STREAM_REQUEST_LINE) read 0.94-1.00x these; with a gather for the scales the m = 1
+// kernel was slower than matvec_all from L3 (0.57-0.72x).
+template <DType D, int M>
+void stream_matvec(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
+                   int64_t r1) {
+  static_assert(M >= 1 && M <= 3);
+  constexpr int kAcc = M == 1 ? 2 : 1;  // product chains per activation row
   constexpr int64_t bb = block_bytes<D>();
   static const ChunkScales<D> scales;
   const int64_t nb = w.cols / 32, row_bytes = nb * bb;
+  const int64_t xs = x.stride, ls = x.stride / 4, ds = x.stride / kQBlock;
   const uint8_t* begin = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
   const uint8_t* end = begin + (r1 - r0) * row_bytes;
   const NextWeights nw = t_next_weights;
@@ -216,12 +222,22 @@ void stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumul
     const uint8_t* row = begin + (r - r0) * row_bytes;
     const bool inside =
         end - row >= row_bytes + kStreamL2Bytes;  // every request of this row lands within the call
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m512 acc[M][kAcc];
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) {
+      FATHOM_UNROLL
+      for (int a = 0; a < kAcc; ++a) acc[m][a] = _mm512_setzero_ps();
+    }
     for (int64_t c0 = 0; c0 < nb; c0 += 16) {
       const int nc = static_cast<int>(std::min<int64_t>(16, nb - c0));
       const uint8_t* pc = row + c0 * bb;
-      const __m512 s16 = _mm512_mul_ps(
-          scales.get(pc, nc), _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nc) - 1), x.qd + c0));
+      const __m512 dw = scales.get(pc, nc);
+      __m512 s16[M];
+      FATHOM_UNROLL
+      for (int m = 0; m < M; ++m) {
+        s16[m] = _mm512_mul_ps(
+            dw, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nc) - 1), x.qd + m * ds + c0));
+      }
       // the lines from the chunk's start (which may sit mid-line) past its end: one per step, the
       // rest after the last
       const int n_req = static_cast<int>((nc * bb + 63) / 64) + 1;
@@ -229,20 +245,28 @@ void stream_matvec(const WeightView& w, const ActView& x, float* y, bool accumul
       int j = 0;
       const auto product = [&](bool two) {
         const int64_t b = c0 + j;
-        const __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.qcorr_lane + b * 8),
-                                              load_q64<D>(row, b, two), _mm512_loadu_si512(x.q + b * 32));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(idx, s16), acc0);
+        const __m512i wq = load_q64<D>(row, b, two);
+        FATHOM_UNROLL
+        for (int m = 0; m < M; ++m) {
+          const __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.qcorr_lane + m * ls + b * 8), wq,
+                                                _mm512_loadu_si512(x.q + m * xs + b * 32));
+          acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(idx, s16[m]), acc[m][0]);
+        }
       };
       for (; j + 2 <= nc; j += 2) {
         if (j / 2 < n_req) STREAM_REQUEST_L2(pc + 32 * j, inside, end, nw);
         product(true);
-        std::swap(acc0, acc1);
+        if constexpr (kAcc == 2) std::swap(acc[0][0], acc[0][1]);
         idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
       }
       for (int i = j / 2; i < n_req; ++i) STREAM_REQUEST_L2(pc + 64 * i, inside, end, nw);
       if (j < nc) product(false);  // a last single block: the second half is zero on both sides
     }
-    store_y(y + r, accumulate, _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
+    FATHOM_UNROLL
+    for (int m = 0; m < M; ++m) {
+      const __m512 sum = kAcc == 2 ? _mm512_add_ps(acc[m][0], acc[m][kAcc - 1]) : acc[m][0];
+      store_y(y + m * ldy + r, accumulate, _mm512_reduce_add_ps(sum));
+    }
   }
 }
 
@@ -411,8 +435,18 @@ struct Int8Gemm {
 template <DType D>
 void rows_typed(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                 int64_t r1) {
-  if (x.m == 1 && address_order_wanted()) {
-    stream_matvec<D>(w, x, y, accumulate, r0, r1);
+  if (x.m >= 1 && x.m <= 3 && address_order_wanted()) {
+    switch (x.m) {
+      case 1:
+        stream_matvec<D, 1>(w, x, y, ldy, accumulate, r0, r1);
+        return;
+      case 2:
+        stream_matvec<D, 2>(w, x, y, ldy, accumulate, r0, r1);
+        return;
+      default:
+        stream_matvec<D, 3>(w, x, y, ldy, accumulate, r0, r1);
+        return;
+    }
   } else if (x.m <= matvec_max_m(D, SimdLevel::kAvx512)) {
     matvec_rows<D>(w, x, y, ldy, accumulate, r0, r1);
   } else {

@@ -420,8 +420,8 @@ TEST(Matmul, Fp8TableAndVbmiConvertersBothMatchReference) {
 // with AVX-512 BF16, fp8 with either converter, over whole 128-column blocks and ragged widths (the
 // one-row kernels need whole blocks), row counts that leave partial groups, and with the next
 // weights hinted or not (the requests run on into them past the last row and must not change a
-// result). Q8_0 and Q4_0 alike (one row at a time or four side by side at m = 1), over block
-// counts that fill, split and leave odd the one-row kernel's 16-block chunks.
+// result). Q8_0 and Q4_0 alike (one weight row at a time or four side by side at 1-3 activation
+// rows), over block counts that fill, split and leave odd the one-row kernel's 16-block chunks.
 TEST(Matmul, MatvecsInBothReadOrdersMatchReference) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);
