@@ -278,6 +278,7 @@ inline const float* fp8_scale_row(const WeightView& w, int64_t r) {
 struct NextWeights {
   const uint8_t* p = nullptr;
   int64_t bytes = 0;
+  int64_t row_bytes = 0;  // their row length where known (the GEMM requests a panel's first block), else 0
   // The byte `off` of these weights when [off, off + len) lies within them, else null.
   const uint8_t* at(int64_t off, int64_t len) const {
     return off >= 0 && off + len <= bytes ? p + off : nullptr;
@@ -286,8 +287,8 @@ struct NextWeights {
 inline thread_local NextWeights t_next_weights;
 class NextWeightsScope {
  public:
-  NextWeightsScope(const void* p, int64_t bytes) {
-    t_next_weights = NextWeights{static_cast<const uint8_t*>(p), p != nullptr ? bytes : 0};
+  NextWeightsScope(const void* p, int64_t bytes, int64_t row_bytes = 0) {
+    t_next_weights = NextWeights{static_cast<const uint8_t*>(p), p != nullptr ? bytes : 0, row_bytes};
   }
   ~NextWeightsScope() { t_next_weights = {}; }
   NextWeightsScope(const NextWeightsScope&) = delete;

@@ -695,12 +695,14 @@ TEST(Matmul, NextWeightsHintDoesNotChangeResults) {
     auto pool = ThreadPool::create(1);
     for (SimdLevel level : supported_levels()) {
       SimdCap cap(level);
-      for (int64_t m : {1, 2, 3, 5, 8, 16}) {
+      for (int64_t m : {1, 2, 3, 5, 8, 16, 40}) {  // 40: the GEMM, which requests the next first block
         std::vector<float> x = random_floats(rng, m * 512);
         std::vector<float> y0(static_cast<size_t>(m * 296)), y1(y0.size());
         matmul(w.view, x.data(), m, y0.data(), *pool);
         for (int64_t bytes : {other_bytes, int64_t{512}, int64_t{0}}) {
-          matmul_internal::NextWeightsScope next(other.data.data(), bytes);
+          // with the next weights' row length (the GEMM's request) and without
+          const int64_t row_bytes = bytes == other_bytes ? static_cast<int64_t>(dtype_bytes(t, 512)) : 0;
+          matmul_internal::NextWeightsScope next(other.data.data(), bytes, row_bytes);
           std::fill(y1.begin(), y1.end(), 0.0f);
           matmul(w.view, x.data(), m, y1.data(), *pool);
           ASSERT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * 4))

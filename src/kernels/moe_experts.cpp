@@ -188,6 +188,7 @@ void make_tasks(const MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLeve
 struct TaskBytes {
   const void* p = nullptr;
   int64_t bytes = 0;
+  int64_t row_bytes = 0;
 };
 TaskBytes task_bytes(std::span<const ExpertWeights> experts,
                      const std::vector<MoeWorkspace::Impl::Task>& tasks, int64_t i,
@@ -198,7 +199,7 @@ TaskBytes task_bytes(std::span<const ExpertWeights> experts,
   const auto at = [&](int64_t r) {
     return static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(r * w.cols)));
   };
-  return {static_cast<const uint8_t*>(w.data) + at(t.r0), at(t.r1) - at(t.r0)};
+  return {static_cast<const uint8_t*>(w.data) + at(t.r0), at(t.r1) - at(t.r0), at(1)};
 }
 
 DType first_dtype(std::span<const ExpertWeights> experts, bool down) {
@@ -287,7 +288,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     // (after its last, the first down rows from its end of the list).
     {
       const TaskBytes up_rows = task_bytes(experts, s.tasks, step.task, &ExpertWeights::up);
-      NextWeightsScope next(up_rows.p, up_rows.bytes);
+      NextWeightsScope next(up_rows.p, up_rows.bytes, up_rows.row_bytes);
       gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
     {
@@ -295,7 +296,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
       const TaskBytes after = step.next >= 0
                                   ? task_bytes(experts, s.tasks, step.next, &ExpertWeights::gate)
                                   : task_bytes(experts, s.down_tasks, first_down, &ExpertWeights::down);
-      NextWeightsScope next(after.p, after.bytes);
+      NextWeightsScope next(after.p, after.bytes, after.row_bytes);
       gate_kernel(ew.up, xe, up_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
     for (int64_t i = off; i < off + n; ++i) {
@@ -314,7 +315,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
     const TaskBytes after = task_bytes(experts, s.down_tasks, step.next, &ExpertWeights::down);
-    NextWeightsScope next(after.p, after.bytes);
+    NextWeightsScope next(after.p, after.bytes, after.row_bytes);
     down_kernel(experts[static_cast<size_t>(task.expert)].down, act_rows(hp, off, n), out + off * p.hidden,
                 p.hidden, false, task.r0, task.r1);
   });
