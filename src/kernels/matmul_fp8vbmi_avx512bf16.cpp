@@ -281,30 +281,19 @@ void Fp8VbmiConv::pair_kernel5(const uint8_t* w0, int64_t K, const uint16_t* x, 
 // (`bench gemm`, Zen 5).
 constexpr int64_t kLanesAhead = 12;
 
-// Where address_order_wanted holds, LanesBlock<8, 1> (up to 16 rows) requests the next eight rows
-// in address order while it multiplies these, one line per half-row it converts (a block converts
-// 2R half-rows, the next rows hold 2R lines per block), and fp8_lanes_rows requests a call's first
-// eight rows at its start: two threads from memory, `bench gemm --dtype fp8 --n 2816|3072|11264 --k
-// 2048 --ab` 0.99-1.07x at 12 and 16 rows, 1.04 median of eight (Zen 5). Four rows against 17-32
-// read 0.92-1.00x that way and keep their requests kLanesAhead blocks ahead in the same rows.
-template <int R>
-bool lanes_address_order() {
-  return R == 8 && address_order_wanted();
-}
-
 template <int R, int H>
 struct LanesBlock {
   static_assert((R == 8 && H == 1) || (R == 4 && H == 2));
   static constexpr int kStepsPerHalfRow = 16 / (2 * R);
   // Weight rows w0 + i * K (i < R, one 128-row scale group: scale is its row) against the 16 * H
   // lane rows of xt (stride xts): tot[i][h] lane l = row i's dot product with activation row
-  // 16h + l. next: the rows after these (requested in address order while these are multiplied,
-  // or, in the other order, their first blocks at the end), or null.
+  // 16h + l. next: the rows after these (with addr requested in address order while these are
+  // multiplied, one line per half-row converted: a block converts 2R half-rows, the next rows hold
+  // 2R lines per block; otherwise their first blocks at the end), or null.
   static void run(const Fp8VbmiConvert& conv, const uint8_t* w0, int64_t K, const uint32_t* xt, int64_t xts,
-                  const float* scale, const uint8_t* next, __m512 (&tot)[R][H]) {
+                  const float* scale, const uint8_t* next, bool addr, __m512 (&tot)[R][H]) {
     alignas(64) uint32_t buf[2][R * 64];  // one block of the R rows as bf16 pairs, in their stored order
     const int64_t nb = K / 128;
-    const bool addr = lanes_address_order<R>();
     // half-row j (row j / 2, columns 64 * (j % 2) of the block) of block b, converted into dst
     const auto convert_half = [&](int64_t b, int j, uint32_t* dst) {
       const int i = j >> 1, h = j & 1;
@@ -375,29 +364,36 @@ struct LanesBlock {
 // Weight rows [r, r + R) against activation rows [g, g + 16H) of x (xt lanes from g).
 template <int R, int H>
 void fp8_lanes(const Fp8VbmiConvert& conv, const WeightView& w, const ActView& x, float* y, int64_t ldy,
-               bool accumulate, int64_t r, int64_t g, const uint8_t* next) {
+               bool accumulate, int64_t r, int64_t g, const uint8_t* next, bool addr) {
   __m512 tot[R][H];
-  LanesBlock<R, H>::run(conv, fp8_row(w, r), w.cols, x.xt + g, x.xt_stride, fp8_scale_row(w, r), next, tot);
+  LanesBlock<R, H>::run(conv, fp8_row(w, r), w.cols, x.xt + g, x.xt_stride, fp8_scale_row(w, r), next, addr,
+                        tot);
   store_lanes<R, H>(tot, y, ldy, accumulate, r, g, std::min<int64_t>(16 * H, x.m - g));
 }
 
 // Rows [r0, r1) (r0 and r1 - r0 multiples of 8) against x's rows (fp8_lanes_m): up to 16 through
 // LanesBlock<8, 1>, more through LanesBlock<4, 2>, 32 at a time.
+//
+// Where address_order_wanted holds, up to 16 rows request the next eight rows in address order
+// while these are multiplied (LanesBlock's addr), and the call's first eight rows at its start: two
+// threads from memory, `bench gemm --dtype fp8 --n 2816|3072|11264 --k 2048 --ab` 0.99-1.07x at 12
+// and 16 rows, 1.04 median of eight (Zen 5). Four rows against 17-32 read 0.92-1.00x that way and
+// keep their requests kLanesAhead blocks ahead in the same rows.
 void fp8_lanes_rows(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                     int64_t r1) {
   CHECK(fp8_lanes_m(x.m));
   const Fp8VbmiConvert conv;
-  if (x.m <= 16 && lanes_address_order<8>())
-    prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(8, r1 - r0) * w.cols);
+  const bool addr = x.m <= 16 && address_order_wanted();
+  if (addr) prefetch_range_l1(fp8_row(w, r0), std::min<int64_t>(8, r1 - r0) * w.cols);
   for (int64_t r = r0; r < r1; r += 8) {
     const uint8_t* next8 = r + 8 < r1 ? fp8_row(w, r + 8) : nullptr;
     if (x.m <= 16) {
-      fp8_lanes<8, 1>(conv, w, x, y, ldy, accumulate, r, 0, next8);
+      fp8_lanes<8, 1>(conv, w, x, y, ldy, accumulate, r, 0, next8, addr);
       continue;
     }
     for (int64_t g = 0; g < x.m; g += 32) {
-      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r, g, fp8_row(w, r + 4));
-      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r + 4, g, next8);
+      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r, g, fp8_row(w, r + 4), false);
+      fp8_lanes<4, 2>(conv, w, x, y, ldy, accumulate, r + 4, g, next8, false);
     }
   }
 }

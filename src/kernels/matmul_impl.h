@@ -67,13 +67,14 @@ struct ActView {
 // override < 0 restores detection, 0 disables, 1 enables where supported).
 bool fp8_use_vbmi(SimdLevel level);
 void set_fp8_vbmi_override(int override);
-// Whether the row-wise kernels read a call's weights in address order (kStreamL1Bytes below): bf16
-// and fp8 at one activation row one row at a time (bf16_stream_matvec, fp8_stream_matvec), and the
-// requests for the rows ahead as one run in the fp8 pair kernels (fp8_mv_rows' pair_kernel) and the
-// fp8 lanes kernel at up to 16 rows (lanes_address_order). On AMD
-// CPUs, where it was measured (Zen 5), unless overridden for tests and benchmarks like
-// fp8_use_vbmi; elsewhere the orders tuned on the Xeons (four rows side by side, requests at the
-// columns being read, which the model-167 Xeon ran 1.04x faster than address order).
+// Whether the row-wise kernels read a call's weights in address order (kStreamL1Bytes below): one
+// weight row at a time for bf16 and fp8 at one activation row (bf16_stream_matvec,
+// fp8_stream_matvec) and Q8_0 / Q4_0 at one to three (stream_matvec in matmul_int8_avx512.cpp), and
+// the requests for the rows ahead as one run in the fp8 pair kernels (fp8_mv_rows' pair_kernel) and
+// the fp8 lanes kernel at up to 16 rows (fp8_lanes_rows). On AMD CPUs, where it was measured (Zen
+// 5), unless overridden for tests and benchmarks like fp8_use_vbmi; elsewhere the orders tuned on
+// the Xeons (four rows side by side, requests at the columns being read, which the model-167 Xeon
+// ran 1.04x faster than address order).
 bool address_order_wanted();
 void set_address_order_override(int override);
 // Whether fp8 weights at 2..kFp8F16MaxM activation rows use fp16 arithmetic (CPU support: AVX-512
@@ -287,9 +288,9 @@ struct NextWeights {
 inline thread_local NextWeights t_next_weights;
 class NextWeightsScope {
  public:
-  NextWeightsScope(const void* p, int64_t bytes, int64_t row_bytes = 0) {
-    t_next_weights = NextWeights{static_cast<const uint8_t*>(p), p != nullptr ? bytes : 0, row_bytes};
-  }
+  NextWeightsScope(const void* p, int64_t bytes, int64_t row_bytes = 0)
+      : NextWeightsScope(NextWeights{static_cast<const uint8_t*>(p), bytes, row_bytes}) {}
+  explicit NextWeightsScope(const NextWeights& nw) { t_next_weights = nw.p != nullptr ? nw : NextWeights{}; }
   ~NextWeightsScope() { t_next_weights = {}; }
   NextWeightsScope(const NextWeightsScope&) = delete;
   NextWeightsScope& operator=(const NextWeightsScope&) = delete;
@@ -312,30 +313,24 @@ inline constexpr int64_t kStreamL2Bytes = 8192;
 inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* end, const NextWeights& nw) {
   return d < end - q ? q + d : nw.at(d - (end - q), 1);
 }
-// The one-row kernels' requests for line P of the run that ends at END: the line kStreamL1Bytes
-// ahead into L1 and the one kStreamL2Bytes ahead into L2, on into NW past END; INSIDE (both within
-// the run, the common case) skips the checks. A macro, not a helper: GCC 12 drops _mm_prefetch from
-// lambdas and inline helpers here.
+// A one-row kernel's request for the byte D past P (a line of the run that ends at END) with
+// prefetch hint HINT, on into NW past END; INSIDE (the request within the run, the common case)
+// skips the checks. STREAM_REQUEST_LINE: the fp8 and bf16 kernels' two requests per line, into L1
+// kStreamL1Bytes ahead and into L2 kStreamL2Bytes ahead (the Q8_0 / Q4_0 kernel issues the L2 one
+// alone). Macros, not helpers: GCC 12 drops _mm_prefetch from lambdas and inline helpers here.
 // clang-format off
-#define STREAM_REQUEST_LINE(P, INSIDE, END, NW)                                                      \
+#define STREAM_REQUEST(P, D, HINT, INSIDE, END, NW)                                                  \
   do {                                                                                               \
     if (INSIDE) {                                                                                    \
-      _mm_prefetch(reinterpret_cast<const char*>((P) + kStreamL1Bytes), _MM_HINT_T0);                \
-      _mm_prefetch(reinterpret_cast<const char*>((P) + kStreamL2Bytes), _MM_HINT_T1);                \
-    } else {                                                                                         \
-      const uint8_t* l1_ = stream_ahead((P), kStreamL1Bytes, (END), (NW));                          \
-      const uint8_t* l2_ = stream_ahead((P), kStreamL2Bytes, (END), (NW));                          \
-      if (l1_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l1_), _MM_HINT_T0);             \
-      if (l2_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l2_), _MM_HINT_T1);             \
+      _mm_prefetch(reinterpret_cast<const char*>((P) + (D)), HINT);                                  \
+    } else if (const uint8_t* at_ = stream_ahead((P), (D), (END), (NW)); at_ != nullptr) {           \
+      _mm_prefetch(reinterpret_cast<const char*>(at_), HINT);                                        \
     }                                                                                                \
   } while (0)
-// The same, the L2 request only (the Q8_0 / Q4_0 one-row kernel, stream_matvec in
-// matmul_int8_avx512.cpp).
-#define STREAM_REQUEST_L2(P, INSIDE, END, NW)                                                        \
+#define STREAM_REQUEST_LINE(P, INSIDE, END, NW)                                                      \
   do {                                                                                               \
-    const uint8_t* l2_ = (INSIDE) ? (P) + kStreamL2Bytes                                             \
-                                  : stream_ahead((P), kStreamL2Bytes, (END), (NW));                  \
-    if (l2_ != nullptr) _mm_prefetch(reinterpret_cast<const char*>(l2_), _MM_HINT_T1);                \
+    STREAM_REQUEST(P, kStreamL1Bytes, _MM_HINT_T0, INSIDE, END, NW);                                 \
+    STREAM_REQUEST(P, kStreamL2Bytes, _MM_HINT_T1, INSIDE, END, NW);                                 \
   } while (0)
 // clang-format on
 

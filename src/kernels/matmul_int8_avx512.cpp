@@ -254,12 +254,13 @@ void stream_matvec(const WeightView& w, const ActView& x, float* y, int64_t ldy,
         }
       };
       for (; j + 2 <= nc; j += 2) {
-        if (j / 2 < n_req) STREAM_REQUEST_L2(pc + 32 * j, inside, end, nw);
+        if (j / 2 < n_req) STREAM_REQUEST(pc + 32 * j, kStreamL2Bytes, _MM_HINT_T1, inside, end, nw);
         product(true);
         if constexpr (kAcc == 2) std::swap(acc[0][0], acc[0][1]);
         idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
       }
-      for (int i = j / 2; i < n_req; ++i) STREAM_REQUEST_L2(pc + 64 * i, inside, end, nw);
+      for (int i = j / 2; i < n_req; ++i)
+        STREAM_REQUEST(pc + 64 * i, kStreamL2Bytes, _MM_HINT_T1, inside, end, nw);
       if (j < nc) product(false);  // a last single block: the second half is zero on both sides
     }
     FATHOM_UNROLL
@@ -291,36 +292,46 @@ struct Int8Gemm {
 
   static int64_t kc_step(const WeightView&) { return kKC; }
 
-  // pack for a whole panel (64 rows) of whole block pairs: no per-row or per-block checks, and
-  // the 16 rows' scales of a block converted at once (16 plain loads into a small array, one
-  // vcvtph2ps) instead of 16 scalar conversions. Two threads from memory on the Zen 5 VM (`bench
-  // gemm --ab`, `bench moe --ab`): with a vpgatherdd of the 16 scales in place of the loads, 1.10x /
-  // 1.08x at 48 / 512 rows of [1408 x 2048]; the plain loads 1.05-1.10x more at 24-96 rows of [2048
-  // x 1408], 0.99x at 512, and 1.06-1.08x on the Q8_0 experts at 128-512 tokens.
-  static void pack_full(const WeightView& w, int64_t n0, int64_t k0, int64_t kc, Panel& p) {
+  // A panel: 16 rows at a time, each block pair's 64 bytes of w + 128 transposed into groups of 4,
+  // and the 16 rows' f16 scales of each block by plain loads into a small array and one vcvtph2ps.
+  // kFull (the panel's 64 rows present, kc whole block pairs: every checkpoint shape but a last
+  // ragged panel or k-block) drops the per-row and per-block checks. Against 16 scalar f16_to_f32
+  // calls per block, two threads from memory on the Zen 5 VM (`bench gemm --ab`, `bench moe --ab`):
+  // with a vpgatherdd of the 16 scales, 1.10x / 1.08x at 48 / 512 rows of [1408 x 2048]; the plain
+  // loads 1.05-1.10x more at 24-96 rows of [2048 x 1408], 0.99x at 512, and 1.06-1.08x on the Q8_0
+  // experts at 128-512 tokens.
+  template <bool kFull>
+  static void pack_panel(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc, Panel& p) {
     constexpr int64_t bb = block_bytes<D>();
     const int64_t row_bytes = w.cols / 32 * bb;
     const int64_t b0 = k0 / 32, nb = kc / 32;
     for (int v = 0; v < kNR / 16; ++v) {
       const uint8_t* r0 = static_cast<const uint8_t*>(w.data) + (n0 + 16 * v) * row_bytes;
+      const int64_t live = kFull ? 16 : std::clamp<int64_t>(nr - 16 * v, 0, 16);  // rows present
       for (int64_t b = 0; b < nb; b += 2) {
+        const bool two = kFull || b + 1 < nb;
         __m512i t[16];
-        FATHOM_UNROLL
-        for (int i = 0; i < 16; ++i) t[i] = load_q64<D>(r0 + i * row_bytes, b0 + b, true);
-        transpose16x16_epi32(t);
-        uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
-        FATHOM_UNROLL
-        for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
         alignas(32) uint16_t d16[2][16];  // the two blocks' f16 scales of the 16 rows
         FATHOM_UNROLL
         for (int i = 0; i < 16; ++i) {
-          d16[0][i] = load_u16(r0 + i * row_bytes + (b0 + b) * bb);
-          d16[1][i] = load_u16(r0 + i * row_bytes + (b0 + b + 1) * bb);
+          const bool here = kFull || i < live;
+          const uint8_t* row = here ? r0 + i * row_bytes : r0;  // no pointer past the tensor
+          t[i] = here ? load_q64<D>(row, b0 + b, two) : _mm512_setzero_si512();
+          d16[0][i] = here ? load_u16(row + (b0 + b) * bb) : 0;
+          d16[1][i] = here && two ? load_u16(row + (b0 + b + 1) * bb) : 0;
+        }
+        transpose16x16_epi32(t);
+        uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
+        FATHOM_UNROLL
+        for (int j = 0; j < 16; ++j) {
+          if (j < 8 || two) _mm512_store_si512(dst + j * kNR, t[j]);
         }
         FATHOM_UNROLL
         for (int h = 0; h < 2; ++h) {
-          _mm512_store_ps(p.scale + (b + h) * kNR + 16 * v,
-                          _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16[h]))));
+          if (h == 0 || two) {
+            _mm512_store_ps(p.scale + (b + h) * kNR + 16 * v,
+                            _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16[h]))));
+          }
         }
       }
     }
@@ -328,38 +339,9 @@ struct Int8Gemm {
 
   static void pack(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc, Panel& p) {
     if (nr == kNR && kc % 64 == 0) {
-      pack_full(w, n0, k0, kc, p);
-      return;
-    }
-    constexpr int64_t bb = block_bytes<D>();
-    const int64_t row_bytes = w.cols / 32 * bb;
-    const int64_t b0 = k0 / 32, nb = kc / 32;
-    for (int v = 0; v < kNR / 16; ++v) {
-      const uint8_t* rows[16];
-      FATHOM_UNROLL
-      for (int i = 0; i < 16; ++i) {
-        const int64_t j = 16 * v + i;
-        rows[i] = j < nr ? static_cast<const uint8_t*>(w.data) + (n0 + j) * row_bytes : nullptr;
-      }
-      for (int64_t b = 0; b < nb; b += 2) {
-        const bool two = b + 1 < nb;
-        __m512i t[16];
-        FATHOM_UNROLL
-        for (int i = 0; i < 16; ++i)
-          t[i] = rows[i] != nullptr ? load_q64<D>(rows[i], b0 + b, two) : _mm512_setzero_si512();
-        transpose16x16_epi32(t);
-        uint32_t* dst = p.b + (b * 8) * kNR + 16 * v;
-        const int groups = two ? 16 : 8;
-        FATHOM_UNROLL
-        for (int j = 0; j < groups; ++j) _mm512_store_si512(dst + j * kNR, t[j]);
-      }
-      for (int64_t b = 0; b < nb; ++b) {
-        FATHOM_UNROLL
-        for (int i = 0; i < 16; ++i) {
-          p.scale[b * kNR + 16 * v + i] =
-              rows[i] != nullptr ? f16_to_f32(load_u16(rows[i] + (b0 + b) * bb)) : 0.0f;
-        }
-      }
+      pack_panel<true>(w, n0, nr, k0, kc, p);
+    } else {
+      pack_panel<false>(w, n0, nr, k0, kc, p);
     }
   }
 

@@ -231,8 +231,8 @@ TEST(Matmul, LargerShapesSpanSeveralKBlocksAndPanels) {
 }
 
 // The quantised GEMM at a prefill's expert row counts: whole 64-row panels of whole block pairs
-// (the gathered-scale packing) beside a ragged last panel and a 96-column k tail (the general
-// packing), 3-row register tiles with 4- and 5-row calls split 2 + 2 and 3 + 2.
+// (pack_panel<true>) beside a ragged last panel and a 96-column k tail with a lone last block
+// (pack_panel<false>), 3-row register tiles with 4- and 5-row calls split 2 + 2 and 3 + 2.
 TEST(Matmul, QuantisedGemmAtPrefillRowCounts) {
   Rng rng(test_seed());
   auto pool = ThreadPool::create(2);

@@ -183,16 +183,11 @@ void make_tasks(const MoeWorkspace::Impl& s, int64_t rows, DType dtype, SimdLeve
   }
 }
 
-// The weight rows task i of `tasks` reads from matrix `which` of its expert, as bytes for
-// NextWeightsScope; none for i outside the list (no task).
-struct TaskBytes {
-  const void* p = nullptr;
-  int64_t bytes = 0;
-  int64_t row_bytes = 0;
-};
-TaskBytes task_bytes(std::span<const ExpertWeights> experts,
-                     const std::vector<MoeWorkspace::Impl::Task>& tasks, int64_t i,
-                     WeightView ExpertWeights::*which) {
+// The weight rows task i of `tasks` reads from matrix `which` of its expert, with their row length,
+// for NextWeightsScope; none for i outside the list (no task).
+NextWeights task_weights(std::span<const ExpertWeights> experts,
+                         const std::vector<MoeWorkspace::Impl::Task>& tasks, int64_t i,
+                         WeightView ExpertWeights::*which) {
   if (i < 0 || i >= static_cast<int64_t>(tasks.size())) return {};
   const MoeWorkspace::Impl::Task& t = tasks[static_cast<size_t>(i)];
   const WeightView& w = experts[static_cast<size_t>(t.expert)].*which;
@@ -287,16 +282,14 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     // from the gate rows into the up rows, from those into the thread's next task's gate rows
     // (after its last, the first down rows from its end of the list).
     {
-      const TaskBytes up_rows = task_bytes(experts, s.tasks, step.task, &ExpertWeights::up);
-      NextWeightsScope next(up_rows.p, up_rows.bytes, up_rows.row_bytes);
+      NextWeightsScope next(task_weights(experts, s.tasks, step.task, &ExpertWeights::up));
       gate_kernel(ew.gate, xe, gate_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
     {
       const int64_t first_down = step.from_front ? 0 : n_down - 1;
-      const TaskBytes after = step.next >= 0
-                                  ? task_bytes(experts, s.tasks, step.next, &ExpertWeights::gate)
-                                  : task_bytes(experts, s.down_tasks, first_down, &ExpertWeights::down);
-      NextWeightsScope next(after.p, after.bytes, after.row_bytes);
+      NextWeightsScope next(step.next >= 0
+                                ? task_weights(experts, s.tasks, step.next, &ExpertWeights::gate)
+                                : task_weights(experts, s.down_tasks, first_down, &ExpertWeights::down));
       gate_kernel(ew.up, xe, up_out + off * p.inter, p.inter, false, task.r0, task.r1);
     }
     for (int64_t i = off; i < off + n; ++i) {
@@ -314,8 +307,7 @@ void moe_experts(const MoeExpertsParams& p, std::span<const ExpertWeights> exper
     const auto& task = s.down_tasks[static_cast<size_t>(step.task)];
     const int64_t off = s.offsets[static_cast<size_t>(task.expert)],
                   n = s.offsets[static_cast<size_t>(task.expert + 1)] - off;
-    const TaskBytes after = task_bytes(experts, s.down_tasks, step.next, &ExpertWeights::down);
-    NextWeightsScope next(after.p, after.bytes, after.row_bytes);
+    NextWeightsScope next(task_weights(experts, s.down_tasks, step.next, &ExpertWeights::down));
     down_kernel(experts[static_cast<size_t>(task.expert)].down, act_rows(hp, off, n), out + off * p.hidden,
                 p.hidden, false, task.r0, task.r1);
   });
