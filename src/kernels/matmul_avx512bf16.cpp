@@ -144,7 +144,7 @@ void bf16_stream_matvec(const WeightView& w, const ActView& x, float* y, bool ac
     for (int64_t k = 0; k < K; k += 128) {
       const uint8_t* p = wb + 2 * k;
       FATHOM_UNROLL
-      for (int l = 0; l < 256; l += 64) STREAM_REQUEST_LINE(p + l, inside, end, nw);
+      for (int l = 0; l < 256; l += 64) STREAM_REQUEST(p + l, kStreamL2Bytes, _MM_HINT_T1, inside, end, nw);
       FATHOM_UNROLL
       for (int u = 0; u < 4; ++u)
         acc[u] = _mm512_dpbf16_ps(acc[u], as_bh(_mm512_loadu_si512(wr + k + 32 * u)),

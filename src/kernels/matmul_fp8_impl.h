@@ -225,8 +225,8 @@ void fp8_stream_matvec(const WeightView& w, const ActView& x, float* y, bool acc
     __m512 tot = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = wr + 128 * b;
-      STREAM_REQUEST_LINE(p, inside, end, nw);
-      STREAM_REQUEST_LINE(p + 64, inside, end, nw);
+      STREAM_REQUEST(p, kStreamL2Bytes, _MM_HINT_T1, inside, end, nw);
+      STREAM_REQUEST(p + 64, kStreamL2Bytes, _MM_HINT_T1, inside, end, nw);
       __m512i a0, b0, a1, b1;
       conv.convert64(p, ~__mmask64{0}, a0, b0);
       conv.convert64(p + 64, ~__mmask64{0}, a1, b1);

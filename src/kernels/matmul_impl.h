@@ -302,9 +302,12 @@ class NextWeightsScope {
 // the Zen 5 VM cost 15-25% of the rate whenever its memory was slow (most of its phases; `bench
 // moe`, a loads-only stand-in: one run 1.13-1.23x the kernels, two or four interleaved runs
 // 0.85-0.94x; docs/PERFORMANCE.md, "One run of addresses for one activation row"). Each line is
-// also requested kStreamL1Bytes ahead into L1 and kStreamL2Bytes ahead into L2 (1-8 KiB and 0-32
-// KiB measured alike), on into the bytes the thread reads next (t_next_weights) past the call's
-// last row; without requests the out-of-order window alone kept about 2 KiB in flight (0.19-0.32x).
+// also requested kStreamL2Bytes ahead into L2, on into the bytes the thread reads next
+// (t_next_weights) past the call's last row, and a call's first kStreamL1Bytes into L1 at its
+// start; without requests the out-of-order window alone kept about 2 KiB in flight (0.19-0.32x).
+// Requests into L1 as well (kStreamL1Bytes ahead, until 2026-12-07) cost one core 8-10% of its
+// rate, what bounds a single-stream decode when the VM's memory is fast (docs/PERFORMANCE.md, "L2
+// requests alone in the one-row kernels").
 inline constexpr int64_t kStreamL1Bytes = 2048;
 inline constexpr int64_t kStreamL2Bytes = 8192;
 
@@ -315,9 +318,8 @@ inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* e
 }
 // A one-row kernel's request for the byte D past P (a line of the run that ends at END) with
 // prefetch hint HINT, on into NW past END; INSIDE (the request within the run, the common case)
-// skips the checks. STREAM_REQUEST_LINE: the fp8 and bf16 kernels' two requests per line, into L1
-// kStreamL1Bytes ahead and into L2 kStreamL2Bytes ahead (the Q8_0 / Q4_0 kernel issues the L2 one
-// alone). Macros, not helpers: GCC 12 drops _mm_prefetch from lambdas and inline helpers here.
+// skips the checks. A macro, not a helper: GCC 12 drops _mm_prefetch from lambdas and inline
+// helpers here.
 // clang-format off
 #define STREAM_REQUEST(P, D, HINT, INSIDE, END, NW)                                                  \
   do {                                                                                               \
@@ -326,11 +328,6 @@ inline const uint8_t* stream_ahead(const uint8_t* q, int64_t d, const uint8_t* e
     } else if (const uint8_t* at_ = stream_ahead((P), (D), (END), (NW)); at_ != nullptr) {           \
       _mm_prefetch(reinterpret_cast<const char*>(at_), HINT);                                        \
     }                                                                                                \
-  } while (0)
-#define STREAM_REQUEST_LINE(P, INSIDE, END, NW)                                                      \
-  do {                                                                                               \
-    STREAM_REQUEST(P, kStreamL1Bytes, _MM_HINT_T0, INSIDE, END, NW);                                 \
-    STREAM_REQUEST(P, kStreamL2Bytes, _MM_HINT_T1, INSIDE, END, NW);                                 \
   } while (0)
 // clang-format on
 
