@@ -19,6 +19,7 @@
 #include "base/timer.h"
 #include "cli/args.h"
 #include "cli/bench.h"
+#include "kernels/ops.h"
 #include "kernels/roofline.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -113,7 +114,7 @@ int run_bench_decode(int argc, char** argv) {
     probe.emplace(pool);
     samples.push_back(probe->read_gbs());
   }
-  int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int32_t tok = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
   for (int64_t i = 0; i < gen_tokens; ++i) {
     Timer one;
     auto r = run(seq, prompt_tokens + i, std::span<const int32_t>(&tok, 1));
@@ -122,7 +123,7 @@ int run_bench_decode(int argc, char** argv) {
     decode_bytes += r->stats.weight_bytes + r->stats.kv_bytes;
     window_bytes += r->stats.weight_bytes + r->stats.kv_bytes;
     decode_flops += r->stats.linear_flops + r->stats.attention_flops;
-    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    tok = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
     bar.add(1);
     if (probe && ((i + 1) % probe_every == 0 || i + 1 == gen_tokens)) {
       samples.push_back(probe->read_gbs());

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "engine/kv_tier_link.h"
+#include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fathom {
@@ -879,7 +880,7 @@ bool Engine::Impl::step() {
         for (size_t i = 0; i < who.size(); ++i) {
           if (who[i] == nullptr) continue;
           const float* lg = mtp_logits.data() + static_cast<int64_t>(i) * V;
-          who[i]->draft = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
+          who[i]->draft = static_cast<int32_t>(argmax(lg, V));
         }
       }
     }

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/ops.h"
+
 namespace fathom {
 
 Status validate_sampling(const SamplingParams& p) {
@@ -66,6 +68,13 @@ void Sampler::add_generated(int32_t t) {
 
 Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowed) {
   const size_t V = static_cast<size_t>(vocab_);
+  const bool greedy = params_.temperature < 1e-5f;
+  const bool penalties =
+      !seen_.empty() && (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f);
+  if (greedy && !penalties && params_.logit_bias.empty() && allowed == nullptr) {
+    return report(logits, static_cast<int32_t>(argmax(logits, vocab_)));  // nothing to change: no copy
+  }
   float* w = work_.data();
   std::copy(logits, logits + V, w);
   // Penalties.
@@ -91,11 +100,11 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
     if (!any) return not_found("the output constraint allows no token");
   }
   int32_t chosen = 0;
-  if (params_.temperature < 1e-5f) {
-    chosen = static_cast<int32_t>(std::max_element(w, w + V) - w);
+  if (greedy) {
+    chosen = static_cast<int32_t>(argmax(w, vocab_));
   } else {
     const float inv_t = 1.0f / params_.temperature;
-    const float mx = *std::max_element(w, w + V);
+    const float mx = w[argmax(w, vocab_)];
     // Candidates: finite logits, kept by min-p, sorted best first only as far as needed.
     int32_t* idx = idx_.data();
     size_t n = 0;
@@ -143,7 +152,7 @@ Result<SampleResult> Sampler::sample(const float* logits, const uint64_t* allowe
 }
 
 double log_sum_exp(const float* logits, size_t n) {
-  const float mx = *std::max_element(logits, logits + n);
+  const float mx = logits[argmax(logits, static_cast<int64_t>(n))];
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
   return static_cast<double>(mx) + std::log(sum);

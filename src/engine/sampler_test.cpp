@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "engine/sampler.h"
 
@@ -24,6 +25,24 @@ TEST(Sampler, GreedyPicksTheArgmaxAndReportsLogprobs) {
   EXPECT_NEAR(r->logprob, 2.0 - lse, 1e-6);
   ASSERT_EQ(r->top.size(), 2u);
   EXPECT_EQ(r->top[1].token, 3);
+}
+
+TEST(Sampler, GreedyOverAVocabularyRowTakesTheFirstOfTiedMaxima) {
+  const int32_t V = 102400;
+  std::vector<float> logits(V);
+  for (int32_t i = 0; i < V; ++i) logits[i] = std::sin(0.37f * static_cast<float>(i)) * 4.0f;
+  logits[70001] = logits[99999] = 9.0f;
+  logits[5] = NAN;  // never chosen
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, V);
+  const int32_t prompt[] = {70001, 12};
+  s.add_prompt(prompt);  // seen, but no penalty is set: the row is read as it is
+  EXPECT_EQ(s.sample(logits.data())->token, 70001);
+  p.presence_penalty = 0.5f;
+  Sampler pen(p, V);
+  pen.add_generated(70001);
+  EXPECT_EQ(pen.sample(logits.data())->token, 99999);
 }
 
 TEST(Sampler, ChooseTakesTheBestOptionOrDrawsFromTheSoftmaxOfTheScores) {

@@ -53,6 +53,15 @@ void exp_scalar(const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i]);
 }
 
+int64_t argmax_scalar(const float* x, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = x[i] > mx ? x[i] : mx;  // NaN compares false: skipped
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] == mx) return i;
+  }
+  return 0;
+}
+
 }  // namespace ops_internal
 
 namespace {
@@ -125,6 +134,14 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   } else {
     silu_mul_scalar(gate, up, out, n);
   }
+}
+
+int64_t argmax(const float* x, int64_t n) {
+  CHECK(n > 0);
+  const SimdLevel level = simd_level();
+  if (level >= SimdLevel::kAvx512) return argmax_avx512(x, n);
+  if (level >= SimdLevel::kAvx2) return argmax_avx2(x, n);
+  return argmax_scalar(x, n);
 }
 
 void exp_f32(const float* x, float* out, int64_t n) {

@@ -1,7 +1,7 @@
 // Element-wise and row-wise kernels of the DeepSeek forward pass, all in fp32: RMSNorm (fp32
 // accumulation, weight in f32/bf16/f16), softmax (max-subtracted), SiLU-mul (SwiGLU's
-// silu(gate) * up), and the vectorised exp they share. AVX-512 / AVX2 / scalar paths chosen by
-// simd_level(); scalar references in ops_ref.cpp.
+// silu(gate) * up), the vectorised exp they share, and the argmax of greedy decoding. AVX-512 / AVX2 / scalar
+// paths chosen by simd_level(); scalar references in ops_ref.cpp.
 //
 // exp: |relative error| <= 2e-7 (a few ulp) over the float range; underflows to 0 below -87.3,
 // overflows to inf above 88.7; NaN stays NaN.
@@ -44,9 +44,16 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = exp(x[i]) with the accuracy above. out may alias x.
 void exp_f32(const float* x, float* out, int64_t n);
 
+// The index of the largest of x[:n] (n >= 1), the first one where several are equal, as
+// std::max_element gives for values without NaN; NaN entries are never chosen (0 when every entry is
+// NaN). Greedy sampling over a vocabulary row: 102400 entries (from L2) in 8 us at AVX-512, against
+// 0.31 ms for std::max_element, whose compare-and-move chain waits on a load per entry (Zen 5 VM).
+int64_t argmax(const float* x, int64_t n);
+
 // Scalar float64 references.
 void rms_norm_ref(const RmsNormParams& p, const float* x, const void* weight, double* y);
 void softmax_ref(const float* x, int64_t n_rows, int64_t n, int64_t stride, double* y);
 void silu_mul_ref(const float* gate, const float* up, double* out, int64_t n);
+int64_t argmax_ref(const float* x, int64_t n);  // one pass, strict greater-than
 
 }  // namespace fathom

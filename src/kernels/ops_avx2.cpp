@@ -1,4 +1,4 @@
-// AVX2 rows for rms_norm, softmax, silu_mul and exp (see ops_impl.h for the exp algorithm).
+// AVX2 rows for rms_norm, softmax, silu_mul, exp (see ops_impl.h for the exp algorithm) and argmax.
 // Tails (n % 8) run the scalar formulas on a zero-padded copy so no load reads past the end.
 #include <immintrin.h>
 
@@ -118,6 +118,32 @@ void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
     _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+int64_t argmax_avx2(const float* x, int64_t n) {
+  // the largest value, four chains; max_ps(v, m) keeps m where v is NaN (the second operand wins)
+  __m256 m[4];
+  for (__m256& v : m) v = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int j = 0; j < 4; ++j) m[j] = _mm256_max_ps(_mm256_loadu_ps(x + i + 8 * j), m[j]);
+  }
+  for (; i + 8 <= n; i += 8) m[0] = _mm256_max_ps(_mm256_loadu_ps(x + i), m[0]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])));
+  float mx = -INFINITY;
+  for (float v : lanes) mx = v > mx ? v : mx;
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  // the first index holding it (NaN compares unequal)
+  const __m256 target = _mm256_set1_ps(mx);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+    if (eq != 0) return i + __builtin_ctz(static_cast<unsigned>(eq));
+  }
+  for (; i < n; ++i) {
+    if (x[i] == mx) return i;
+  }
+  return 0;
 }
 
 }  // namespace fathom::ops_internal

@@ -1,4 +1,5 @@
-// AVX-512 rows for rms_norm, softmax, silu_mul and exp (see ops_impl.h for the exp algorithm).
+// AVX-512 rows for rms_norm, softmax, silu_mul, exp (see ops_impl.h for the exp algorithm) and
+// argmax.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -112,6 +113,29 @@ void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) 
     const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
     _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(s, u));
   }
+}
+
+int64_t argmax_avx512(const float* x, int64_t n) {
+  // the largest value, four chains; max_ps(v, m) keeps m where v is NaN (the second operand wins)
+  __m512 m[4];
+  for (__m512& v : m) v = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (int j = 0; j < 4; ++j) m[j] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * j), m[j]);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 k = tail16(n - i);
+    m[0] = _mm512_max_ps(_mm512_mask_loadu_ps(m[0], k, x + i), m[0]);
+  }
+  const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
+  // the first index holding it (NaN compares unequal)
+  const __m512 target = _mm512_set1_ps(mx);
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 k = tail16(n - i);
+    const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), target, _CMP_EQ_OQ);
+    if (eq != 0) return i + __builtin_ctz(eq);
+  }
+  return 0;
 }
 
 }  // namespace fathom::ops_internal

@@ -22,6 +22,12 @@ void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n);
 
+// argmax (ops.h) in two passes: the largest non-NaN value (-inf if none), then the first index
+// holding it (0 if none).
+int64_t argmax_scalar(const float* x, int64_t n);
+int64_t argmax_avx2(const float* x, int64_t n);
+int64_t argmax_avx512(const float* x, int64_t n);
+
 void exp_scalar(const float* x, float* out, int64_t n);
 void exp_avx2(const float* x, float* out, int64_t n);
 void exp_avx512(const float* x, float* out, int64_t n);

@@ -1,4 +1,5 @@
-// Float64 references for rms_norm, softmax and silu_mul (tests compare the fast paths with these).
+// Float64 references for rms_norm, softmax and silu_mul, and argmax's (tests compare the fast paths
+// with these).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,6 +50,15 @@ void silu_mul_ref(const float* gate, const float* up, double* out, int64_t n) {
     const double g = gate[i];
     out[i] = g / (1.0 + std::exp(-g)) * up[i];
   }
+}
+
+int64_t argmax_ref(const float* x, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  return best < 0 ? 0 : best;
 }
 
 }  // namespace fathom

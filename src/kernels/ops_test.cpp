@@ -2,6 +2,7 @@
 // SIMD level this CPU has, odd sizes, strides, in place, every norm weight dtype, special values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -175,6 +176,40 @@ TEST(Ops, SiluMulMatchesReference) {
       silu_mul(g.data(), u.data(), g.data(), n);  // in place
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g[static_cast<size_t>(i)], out[static_cast<size_t>(i)]);
     }
+  }
+}
+
+TEST(Ops, ArgmaxIsTheFirstLargestAndSkipsNan) {
+  Rng rng(test_seed());
+  for (SimdLevel level : supported_levels()) {
+    SimdCap cap(level);
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 63, 64, 65, 100, 1000, 102400}) {
+      for (int trial = 0; trial < 6; ++trial) {
+        std::vector<float> x = random_floats(rng, n, 10.0f);
+        const size_t at = rng.next_u64() % static_cast<size_t>(n);
+        if (trial == 1) x[at] = 1e30f;  // one clear winner anywhere, the tail included
+        if (trial == 2) {               // ties: the first of several equal maxima
+          for (int j = 0; j < 3; ++j) x[rng.next_u64() % static_cast<size_t>(n)] = 50.0f;
+        }
+        if (trial == 3) {  // NaN and infinities among the values
+          x[at] = NAN;
+          x[rng.next_u64() % static_cast<size_t>(n)] = -INFINITY;
+          if (n > 2) x[rng.next_u64() % static_cast<size_t>(n)] = NAN;
+        }
+        if (trial == 4) std::fill(x.begin(), x.end(), -INFINITY);  // a fully masked row: index 0
+        if (trial == 5) {  // a NaN where the maximum would be, and +inf elsewhere
+          x[at] = NAN;
+          x[(at + static_cast<size_t>(n) / 2) % static_cast<size_t>(n)] = INFINITY;
+        }
+        const int64_t got = argmax(x.data(), n), want = argmax_ref(x.data(), n);
+        ASSERT_EQ(got, want) << simd_level_name(level) << " n=" << n << " trial " << trial;
+        if (trial != 3 && trial != 5) {  // without NaN: what std::max_element gives
+          ASSERT_EQ(got, std::max_element(x.begin(), x.end()) - x.begin()) << simd_level_name(level);
+        }
+      }
+    }
+    std::vector<float> all_nan(37, NAN);
+    EXPECT_EQ(argmax(all_nan.data(), 37), 0) << simd_level_name(level);
   }
 }
 
