@@ -38,7 +38,7 @@ struct SamplingParams {
 // logit_bias ids against the model's vocabulary (validate_sampling checks the values).
 Status validate_logit_bias(const SamplingParams& p, int64_t vocab_size);
 
-// log(sum(exp(logits[i]))) over n values, in double: the log-softmax normaliser.
+// log(sum(exp(logits[i]))) over n values, in double: the log-softmax normaliser (-inf for none).
 double log_sum_exp(const float* logits, size_t n);
 
 // An error naming the parameter and its valid range.
