@@ -50,8 +50,12 @@ void on_event(SseState& st, const std::string& payload, double now, const OnToke
   }
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
   const json& c = j["choices"][0];
-  if (c.contains("finish_reason") && c["finish_reason"].is_string()) st.finish = c["finish_reason"];
-  if (!c.contains("text") || !c["text"].is_string() || c["text"].get<std::string>().empty()) return;
+  const bool finish = c.contains("finish_reason") && c["finish_reason"].is_string();
+  if (finish) st.finish = c["finish_reason"];
+  // A token chunk: text, possibly empty (tokens that add no text yet, which Fathom and vLLM still
+  // send a chunk for); the closing chunk's empty text is no token.
+  if (!c.contains("text") || !c["text"].is_string()) return;
+  if (c["text"].get<std::string>().empty() && finish) return;
   if (st.rec.first_s < 0) {
     st.rec.first_s = now;
   } else {

@@ -272,7 +272,10 @@ bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink, bool ch
   }
   if (chat) {
     if (!write_chat_deltas(st, *ev, write)) return cancel(st);
-  } else if (!ev->text.empty()) {
+  } else if (!ev->text.empty() || !ev->tokens.empty()) {
+    // A chunk per engine step that made tokens, even when they add no text yet (a character's
+    // first bytes, a special token), as vLLM's completions stream does: clients time every token
+    // and get every token's log-probabilities.
     json c = chunk(st, ev->text, nullptr, false);
     if (st.ctx.logprobs) c["choices"][0]["logprobs"] = completion_logprobs(ev->logprobs, st.text_offset);
     if (!write(sse(c))) return cancel(st);
@@ -301,10 +304,19 @@ bool Server::Impl::cancel(StreamState& st) {
 
 template <typename Write>
 bool Server::Impl::write_chat_deltas(StreamState& st, const GenerationEvent& ev, Write& write) {
+  // With logprobs, the event's tokens' entries ride on its content chunk (an empty content when
+  // its tokens add none), so the streamed entries are the non-streamed reply's, token for token.
+  bool logprobs_sent = !st.ctx.logprobs || ev.logprobs.empty();
   auto emit_content = [&](const std::string& text) {
-    if (text.empty()) return true;
-    json d = {{"content", text}};
-    return write(sse(chunk(st, d, nullptr, true)));
+    if (text.empty() && logprobs_sent) return true;
+    json c = chunk(st, json{{"content", text}}, nullptr, true);
+    if (!logprobs_sent) {
+      json content = json::array();
+      for (const auto& lp : ev.logprobs) content.push_back(token_logprob_json(lp));
+      c["choices"][0]["logprobs"] = {{"content", std::move(content)}};
+      logprobs_sent = true;
+    }
+    return write(sse(c));
   };
   std::string content;
   std::vector<ToolCallDelta> calls;

@@ -167,6 +167,8 @@ try {
       assert.equal(l.requests, l.concurrency);
       assert.equal(l.output_tokens, l.concurrency * 6, 'usage.completion_tokens of every request');
       assert.equal(l.ttft_ms.n, l.concurrency);
+      // a chunk per token (no MTP module here), those that add no text included
+      assert.equal(l.itl_ms.n, l.concurrency * 5, 'inter-token gaps of every request');
       assert.equal(l.decode, null, 'no step roofline over HTTP');
       assert.equal(l.decode_outer, null);
       assert.equal(l.bandwidth_gbs, null);

@@ -299,6 +299,46 @@ await check('completions, plain and streamed, agree', async () => {
   assert.equal(a.object, 'text_completion');
 });
 
+// Every generated token reaches a streamed client with its log-probability, also the tokens that
+// add no text (a random-weight model's special tokens, a character's first bytes): a chunk per
+// engine step, as vLLM's completions stream sends, and chat chunks carry logprobs.content.
+await check('streamed completions and chat carry every token and its logprobs', async () => {
+  const p = { model: 'tiny-test', prompt: [5, 6, 7, 8, 9, 10, 11, 12], max_tokens: 24, temperature: 0, ignore_eos: true,
+              logprobs: 1 };
+  const plain = await client.completions.create(p);
+  const want = plain.choices[0].logprobs;
+  assert.equal(want.tokens.length, 24, JSON.stringify(plain.choices[0]));
+  const tokens = [], lps = [];
+  let chunks = 0, usage = null;
+  for await (const chunk of await client.completions.create({ ...p, stream: true, stream_options: { include_usage: true } })) {
+    if (chunk.usage) usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c || c.finish_reason) continue;
+    ++chunks;
+    tokens.push(...c.logprobs.tokens);
+    lps.push(...c.logprobs.token_logprobs);
+  }
+  assert.equal(usage.completion_tokens, 24);
+  assert.deepEqual(tokens, want.tokens);
+  lps.forEach((v, i) => assert.ok(Math.abs(v - want.token_logprobs[i]) < 1e-3, `token ${i}: ${v} vs ${want.token_logprobs[i]}`));
+  assert.ok(chunks >= 12, `${chunks} chunks for 24 tokens (one per step; two tokens where a draft is accepted)`);
+  const q = { model: 'tiny-test', messages: user('Tell me a story'), max_tokens: 16, temperature: 0, logprobs: true,
+              top_logprobs: 2, ignore_eos: true };
+  const chat = await client.chat.completions.create(q);
+  const chatWant = chat.choices[0].logprobs.content;
+  assert.equal(chatWant.length, 16);
+  const got = [];
+  for await (const chunk of await client.chat.completions.create({ ...q, stream: true })) {
+    const c = chunk.choices[0];
+    if (c?.logprobs?.content) got.push(...c.logprobs.content);
+  }
+  assert.deepEqual(got.map((e) => e.token), chatWant.map((e) => e.token));
+  got.forEach((e, i) => {
+    assert.ok(Math.abs(e.logprob - chatWant[i].logprob) < 1e-3, `chat token ${i}`);
+    assert.equal(e.top_logprobs.length, 2);
+  });
+});
+
 await check('bad requests get OpenAI error objects with the right status', async () => {
   const cases = [
     [raw('POST', '/v1/chat/completions', { body: '{"model": "tiny-test", "messages": [' }), 400, null],
