@@ -16,6 +16,7 @@ PACKAGES=(
   python3
   libopenblas-dev
   groff-base
+  iproute2
 )
 
 missing=()

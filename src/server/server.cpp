@@ -3,9 +3,13 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -452,14 +456,31 @@ void Server::stop() {
   if (impl_ && impl_->http) impl_->http->stop();
 }
 
+// Pending connections the listening socket queues (ServerOptions::http_threads serve them).
+constexpr int kListenBacklog = 1024;
+
 Status Server::bind() {
   Impl& m = *impl_;
+  // Debian's compiled cpp-httplib listens with a backlog of 5: 32 clients connecting at once
+  // overflowed it while both cores ran the engine, and with SYN cookies some connections were
+  // reset after the client had sent its request ("Read error" in `bench serve --url` at 32
+  // clients). The socket is taken here, as httplib creates it, and listen() called again with
+  // kListenBacklog, which Linux applies to a socket already listening (capped by somaxconn).
+  int listen_fd = -1;
+  m.http->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = static_cast<int>(sock);
+  });
   if (m.options.port == 0) {
     m.bound_port = m.http->bind_to_any_port(m.options.host);
   } else {
     m.bound_port = m.http->bind_to_port(m.options.host, m.options.port) ? m.options.port : -1;
   }
   if (m.bound_port <= 0) return unavailable("cannot listen on {}:{} (in use, or not an address of this machine)", m.options.host, m.options.port);
+  m.http->set_socket_options(httplib::default_socket_options);  // the callback above holds a local
+  if (listen_fd >= 0 && ::listen(listen_fd, kListenBacklog) != 0) {
+    log_warn("listen backlog {} not applied: {}", kListenBacklog, std::strerror(errno));
+  }
   return {};
 }
 
