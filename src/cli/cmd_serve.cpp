@@ -51,7 +51,7 @@ int run_serve(int argc, char** argv) {
   EngineOptions eo;
   double kv_gb = 1.0;
   int64_t max_context = 0, max_body_mb = 4, kv_store_queue_mb = 64;
-  bool no_spec = false, no_prefix = false;
+  bool no_spec = false, no_prefix = false, spec_always = false;
   Args args(argv[0], "Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,\n"
                      "health, metrics) with continuous batching, prefix caching and MTP speculation.");
   args.usage("--model PATH [options]");
@@ -76,6 +76,8 @@ int run_serve(int argc, char** argv) {
   args.option("--kv-store-queue-mb", &kv_store_queue_mb, "KV pages waiting to be written to the store, in MiB");
   args.option("--kv-store-timeout-ms", &eo.kv_store.io_timeout_ms, "a store call taking longer counts as a failure");
   args.flag("--no-speculative", &no_spec, "do not use the MTP module for speculative decoding");
+  args.flag("--speculation-always", &spec_always,
+            "draft every step (default: only while steps with drafts measure faster than without)");
   args.flag("--no-prefix-cache", &no_prefix, "do not reuse cached prompt pages");
   bool no_tool_constraint = false;
   args.flag("--no-tool-name-constraint", &no_tool_constraint,
@@ -123,6 +125,7 @@ int run_serve(int argc, char** argv) {
   eo.kv_store.write_queue_bytes = static_cast<uint64_t>(kv_store_queue_mb) << 20;
   eo.kv_cache_bytes = static_cast<uint64_t>(kv_gb * static_cast<double>(uint64_t{1} << 30));
   eo.speculative = !no_spec;
+  eo.speculative_adaptive = !spec_always;
   eo.prefix_cache = !no_prefix;
   so.constrain_tool_names = !no_tool_constraint;
   so.max_body_bytes = static_cast<size_t>(max_body_mb) << 20;
@@ -147,7 +150,10 @@ int run_serve(int argc, char** argv) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
   std::printf("fathom serve: listening on http://%s:%d (model '%s'%s)\n", so.host.c_str(), (*server)->port(),
-              so.served_model_name.c_str(), (*model)->has_mtp() && eo.speculative ? ", MTP speculation on" : "");
+              so.served_model_name.c_str(),
+              !((*model)->has_mtp() && eo.speculative) ? ""
+              : eo.speculative_adaptive                ? ", MTP speculation where it measures faster"
+                                                       : ", MTP speculation on");
   if (!eo.kv_store.server.empty()) std::printf("fathom serve: KV store tier at %s\n", eo.kv_store.server.c_str());
   std::fflush(stdout);
   st = (*server)->serve();

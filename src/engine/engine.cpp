@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "engine/kv_tier_link.h"
+#include "engine/spec_controller.h"
 #include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
@@ -177,6 +178,7 @@ struct Engine::Impl {
   std::vector<int32_t> batch_tokens, mtp_tokens;
   std::vector<uint64_t> mask;
   bool spec = false;
+  SpecController spec_ctl;  // with options.speculative_adaptive
 
   void loop();
   bool step();
@@ -711,6 +713,7 @@ bool Engine::Impl::step() {
     prefill_budget -= n;
   }
   // Assemble the batch in running order.
+  int64_t n_decoding = 0;  // sequences whose next token this step samples
   for (auto& up : running) {
     Seq* s = up.get();
     if (s->n_feed == 0 || s->cache_seq < 0) continue;
@@ -727,6 +730,7 @@ bool Engine::Impl::step() {
     batch.push_back(SeqBatch{s->cache_seq, s->feed_begin, static_cast<int64_t>(feed.size()), s->n_feed == 2 && s->draft.has_value()});
     const bool decoding = s->feed_begin + 1 == static_cast<int64_t>(s->tokens.size());
     (decoding ? report.n_decode_tokens : report.n_prefill_tokens) += static_cast<int64_t>(feed.size());
+    n_decoding += decoding ? 1 : 0;
     in_batch.push_back(s);
   }
   if (batch.empty()) {
@@ -754,6 +758,10 @@ bool Engine::Impl::step() {
     bool draft;  // the sequence decodes next step and wants a draft
   };
   std::vector<MtpRows> mtp;
+  // Whether this step's decoding sequences draft their next token (SpecController), and what the
+  // step did, for its measurement: decoding sequences that verified a draft, tokens they emitted.
+  const bool draft_next = spec && (!options.speculative_adaptive || spec_ctl.want_drafts(n_decoding));
+  int64_t n_verified = 0, n_emitted = 0;
   for (size_t i = 0; i < in_batch.size(); ++i) {
     Seq* s = in_batch[i];
     const SeqBatch& b = batch[i];
@@ -773,6 +781,8 @@ bool Engine::Impl::step() {
     const bool had_draft = b.all_logits && s->draft.has_value();
     const int32_t draft = s->draft.value_or(-1);
     s->draft.reset();
+    n_verified += had_draft ? 1 : 0;
+    const int64_t generated_before = s->n_generated;
     bool chose = false;  // choose_tool_name emitted a whole name
     for (int64_t r = 0; r < rows && alive; ++r) {
       const float* lg = logits.data() + (first_row + (b.all_logits ? r : 0)) * V;
@@ -846,12 +856,13 @@ bool Engine::Impl::step() {
         break;
       }
     }
+    n_emitted += s->n_generated - generated_before;
     if (!alive) continue;
     flush_event(*s, ev);
     // No draft after a chosen name (its tokens are still to compute) or before one to choose.
     if (spec) {
       mtp.push_back({s, SeqBatch{s->cache_seq, had_draft ? b.pos : computed_before, final_rows, false},
-                     !chose && !whole_name_next(*s)});
+                     draft_next && !chose && !whole_name_next(*s)});
     }
   }
   // Draft the next token of every decoding sequence with the MTP layer (rows of finished
@@ -870,14 +881,17 @@ bool Engine::Impl::step() {
     }
     if (!mb.empty()) {
       Timer mtp_clock;
-      auto mr = model->mtp_forward(mb, mtp_tokens, mh.data(), *cache, mtp_logits.data());
+      // Without drafts the MTP layer only writes its cache (no head).
+      const bool any_draft = std::any_of(who.begin(), who.end(), [](const Seq* q) { return q != nullptr; });
+      auto mr =
+          model->mtp_forward(mb, mtp_tokens, mh.data(), *cache, any_draft ? mtp_logits.data() : nullptr);
       report.mtp_seconds = mtp_clock.elapsed_s();
       if (mr.ok()) report.mtp = mr->stats;
       if (!mr.ok()) {
         log_warn("MTP draft failed ({}); continuing without speculation", mr.status().to_string());
         spec = false;
       } else {
-        for (size_t i = 0; i < who.size(); ++i) {
+        for (size_t i = 0; i < who.size() && any_draft; ++i) {
           if (who[i] == nullptr) continue;
           const float* lg = mtp_logits.data() + static_cast<int64_t>(i) * V;
           who[i]->draft = static_cast<int32_t>(argmax(lg, V));
@@ -901,6 +915,14 @@ bool Engine::Impl::step() {
   }
   ++stats.steps;
   report.step_seconds = step_clock.elapsed_s();
+  // A steady decode step (no prompt tokens; every decoding sequence verified a draft and drafted
+  // again, or none did either) measures its way for the controller.
+  if (spec && options.speculative_adaptive && report.n_prefill_tokens == 0 && n_decoding > 0 &&
+      n_emitted > 0 && report.step_seconds > 0) {
+    if (draft_next ? n_verified == n_decoding : n_verified == 0) {
+      spec_ctl.record(n_decoding, draft_next, static_cast<double>(n_emitted) / report.step_seconds);
+    }
+  }
   ++ab_steps;  // a step that ran a forward: the next one runs on the other variant
   if (options.on_step) options.on_step(report);  // before publish: a published step was reported
   publish();

@@ -168,6 +168,12 @@ struct EngineOptions {
   MlaKvDType kv_dtype = MlaKvDType::kBF16;
   bool prefix_cache = true;
   bool speculative = true;           // use the MTP module when the checkpoint has one
+  // With speculative: draft only while drafting pays. The engine times steady steps with drafts
+  // and without, per batch size (1, 2-3, 4-7, ... sequences), in tokens per second, keeps the
+  // faster way and tries the other for a few steps at doubling intervals. Without drafts
+  // the MTP layer still writes its cache (no head), so drafts resume at full acceptance. Off:
+  // every decoding sequence drafts every step (the measurement and the tests of drafting).
+  bool speculative_adaptive = false;
   // KV-cache storage tier (kv_tier.h): kv_store.server "HOST:PORT" writes full pages through to
   // a storage server and reads a prompt's stored prefix back before admission; empty: off.
   KvTierOptions kv_store;

@@ -218,6 +218,39 @@ TEST_F(EngineTest, SpeculativeDecodingDoesNotChangeGreedyOutput) {
   EXPECT_EQ(greedy_violations(*m, p, outs[1]), 0) << "with speculation";
 }
 
+// Adaptive speculation switches drafting off and on between steps (SpecController: both ways are
+// tried first, then probed): outputs stay exactly the greedy ones, and with drafts off the MTP
+// layer still runs (its cache, no head).
+TEST_F(EngineTest, AdaptiveSpeculationTriesBothWaysAndKeepsGreedyOutput) {
+  auto m = load();
+  ASSERT_TRUE(m && m->has_mtp());
+  const auto p = prompt(30, 9);
+  EngineOptions eo = small_engine(true);
+  eo.speculative_adaptive = true;
+  std::mutex mu;
+  int64_t verify_steps = 0, plain_steps = 0, mtp_steps = 0, decode_steps = 0;
+  eo.on_step = [&](const EngineStepReport& r) {
+    std::lock_guard lock(mu);
+    if (r.n_prefill_tokens > 0) return;
+    ++decode_steps;
+    (r.n_decode_tokens == 2 ? verify_steps : plain_steps) += 1;
+    mtp_steps += r.mtp_seconds > 0 ? 1 : 0;
+  };
+  auto engine = Engine::create(*m, eo);
+  ASSERT_TRUE(engine.ok());
+  const Outcome got = drain(*(*engine)->submit(greedy_request(p, 160)));
+  const EngineMetrics em = (*engine)->metrics();
+  engine->reset();
+  EXPECT_EQ(got.tokens.size(), 160u);
+  EXPECT_EQ(greedy_violations(*m, p, got.tokens), 0);
+  EXPECT_GE(em.spec_drafted, 2) << "drafting is tried first";
+  EXPECT_GT(verify_steps, 0);
+  // (always drafting leaves one: the last step, with no room for a draft's bonus token)
+  EXPECT_GE(plain_steps, 3) << "steps without drafts are tried once drafting was measured";
+  // (not after the last token: the finished sequence needs no cache entry)
+  EXPECT_EQ(mtp_steps, decode_steps - 1) << "the MTP layer runs every step, drafting or not";
+}
+
 // ToolNameSelection::kWhole: the reply to a prompt ending with <｜tool▁sep｜> starts with the offered
 // name whose call head (the tokens of "NAME\n```json\n{\"KEY" as the tokenizer spells them) has the
 // highest score — the name's log-probability plus tool_head_weight times the rest's — recomputed

@@ -1,0 +1,61 @@
+// SpecController on made-up step timings: a way never measured is tried first, the faster one is
+// kept, the other is tried again for kSpecProbeSteps steps at doubling intervals, and batch-size
+// buckets decide apart.
+#include "engine/spec_controller.h"
+
+#include <gtest/gtest.h>
+
+namespace fathom {
+namespace {
+
+// Runs `steps` decisions for a batch of n, recording each steady step at the given rates (as the
+// engine does: a step is steady when it and the step before took the same way); returns how many
+// drafted.
+int run(SpecController& c, int64_t n, int steps, double spec_tps, double plain_tps) {
+  int drafted = 0;
+  bool prev = true, have_prev = false;
+  for (int i = 0; i < steps; ++i) {
+    const bool d = c.want_drafts(n);
+    drafted += d ? 1 : 0;
+    if (have_prev && prev == d) c.record(n, d, d ? spec_tps : plain_tps);
+    prev = d;
+    have_prev = true;
+  }
+  return drafted;
+}
+
+TEST(SpecController, TriesBothWaysThenKeepsTheFasterAndProbesTheOther) {
+  SpecController c;
+  // Unknown: drafting first, then (drafting measured) plain steps.
+  EXPECT_TRUE(c.want_drafts(1));
+  EXPECT_TRUE(c.want_drafts(1));
+  c.record(1, true, 10.0);
+  EXPECT_FALSE(c.want_drafts(1));
+  c.record(1, false, 20.0);
+  // Plain is twice as fast: it drafts only in probes, after 64, 128, 256, ... steps (each probe
+  // confirms plain, so the interval doubles).
+  const int drafted = run(c, 1, 64 + 128 + 256 + 512 + 10, 10.0, 20.0);
+  EXPECT_EQ(drafted, 4 * kSpecProbeSteps);
+  // Drafting becomes faster (a model whose drafts are accepted): the next probe, at most
+  // kSpecProbeEveryMax steps away, measures it afresh, and from then on it is kept.
+  run(c, 1, kSpecProbeEveryMax + 2 * kSpecProbeSteps, 30.0, 20.0);
+  const int later = run(c, 1, 500, 30.0, 20.0);
+  EXPECT_GE(later, 500 - 3 * kSpecProbeSteps);  // plain again only in probes: 64, 128, 256 steps apart
+}
+
+TEST(SpecController, BatchSizeBucketsDecideApart) {
+  EXPECT_EQ(SpecController::bucket(0), 0);
+  EXPECT_EQ(SpecController::bucket(1), 0);
+  EXPECT_EQ(SpecController::bucket(2), 1);
+  EXPECT_EQ(SpecController::bucket(3), 1);
+  EXPECT_EQ(SpecController::bucket(32), 5);
+  EXPECT_EQ(SpecController::bucket(int64_t{1} << 40), kSpecBuckets - 1);
+  SpecController c;
+  run(c, 1, 300, 30.0, 10.0);   // one sequence: drafting pays
+  run(c, 32, 300, 50.0, 90.0);  // 32: it does not
+  EXPECT_GT(run(c, 1, 200, 30.0, 10.0), 180);
+  EXPECT_LT(run(c, 32, 200, 50.0, 90.0), 20);
+}
+
+}  // namespace
+}  // namespace fathom
