@@ -476,8 +476,8 @@ Status Server::bind() {
   } else {
     m.bound_port = m.http->bind_to_port(m.options.host, m.options.port) ? m.options.port : -1;
   }
-  if (m.bound_port <= 0) return unavailable("cannot listen on {}:{} (in use, or not an address of this machine)", m.options.host, m.options.port);
   m.http->set_socket_options(httplib::default_socket_options);  // the callback above holds a local
+  if (m.bound_port <= 0) return unavailable("cannot listen on {}:{} (in use, or not an address of this machine)", m.options.host, m.options.port);
   if (listen_fd >= 0 && ::listen(listen_fd, kListenBacklog) != 0) {
     log_warn("listen backlog {} not applied: {}", kListenBacklog, std::strerror(errno));
   }
