@@ -761,6 +761,7 @@ bool Engine::Impl::step() {
   // Whether this step's decoding sequences draft their next token (SpecController), and what the
   // step did, for its measurement: decoding sequences that verified a draft, tokens they emitted.
   const bool draft_next = spec && (!options.speculative_adaptive || spec_ctl.want_drafts(n_decoding));
+  if (spec && n_decoding > 0) ++(draft_next ? stats.spec_steps_drafting : stats.spec_steps_plain);
   int64_t n_verified = 0, n_emitted = 0;
   for (size_t i = 0; i < in_batch.size(); ++i) {
     Seq* s = in_batch[i];

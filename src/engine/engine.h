@@ -197,6 +197,9 @@ struct EngineMetrics {
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0, preemptions = 0;
   int64_t spec_drafted = 0, spec_accepted = 0;
+  // Decode steps after which the decoding sequences drafted / did not (with speculation; what
+  // EngineOptions::speculative_adaptive chose).
+  int64_t spec_steps_drafting = 0, spec_steps_plain = 0;
   // Call names picked among two or more tools by whole-name scoring, and those that fell back to
   // token-by-token selection (no slots or pages for the scoring forks).
   int64_t tool_names_scored = 0, tool_names_unscored = 0;

@@ -51,6 +51,11 @@ std::string Server::Impl::metrics_text() {
   counter("fathom_engine_steps_total", "Engine steps (forward calls).", m.steps);
   counter("fathom_spec_decode_draft_tokens_total", "MTP draft tokens verified.", m.spec_drafted);
   counter("fathom_spec_decode_accepted_tokens_total", "MTP draft tokens accepted.", m.spec_accepted);
+  counter("fathom_spec_decode_steps_drafting_total",
+          "Decode steps after which the sequences drafted (MTP speculation where it measures faster).",
+          m.spec_steps_drafting);
+  counter("fathom_spec_decode_steps_plain_total", "Decode steps after which they did not draft.",
+          m.spec_steps_plain);
   counter("fathom_tool_names_scored_total", "Tool-call names chosen by whole-name scoring.",
           m.tool_names_scored);
   counter("fathom_tool_names_unscored_total",

@@ -320,7 +320,9 @@ await check('streamed completions and chat carry every token and its logprobs', 
   }
   assert.equal(usage.completion_tokens, 24);
   assert.deepEqual(tokens, want.tokens);
-  lps.forEach((v, i) => assert.ok(Math.abs(v - want.token_logprobs[i]) < 1e-3, `token ${i}: ${v} vs ${want.token_logprobs[i]}`));
+  // Within 0.05, not equal: the server drafts where it measures faster, so the two requests may
+  // compute a token in a step with a draft (two rows, other kernels) or without (0.002-0.006 apart).
+  lps.forEach((v, i) => assert.ok(Math.abs(v - want.token_logprobs[i]) < 0.05, `token ${i}: ${v} vs ${want.token_logprobs[i]}`));
   assert.ok(chunks >= 12, `${chunks} chunks for 24 tokens (one per step; two tokens where a draft is accepted)`);
   const q = { model: 'tiny-test', messages: user('Tell me a story'), max_tokens: 16, temperature: 0, logprobs: true,
               top_logprobs: 2, ignore_eos: true };
@@ -334,7 +336,7 @@ await check('streamed completions and chat carry every token and its logprobs', 
   }
   assert.deepEqual(got.map((e) => e.token), chatWant.map((e) => e.token));
   got.forEach((e, i) => {
-    assert.ok(Math.abs(e.logprob - chatWant[i].logprob) < 1e-3, `chat token ${i}`);
+    assert.ok(Math.abs(e.logprob - chatWant[i].logprob) < 0.05, `chat token ${i}`);
     assert.equal(e.top_logprobs.length, 2);
   });
 });
@@ -441,6 +443,9 @@ await check('a shared long prefix is served from the prefix cache', async () => 
   const m = (await raw('GET', '/metrics')).text;
   assert.ok(metric(m, 'fathom_prefix_cache_hit_pages_total') >= 1);
   assert.ok(metric(m, 'fathom_spec_decode_draft_tokens_total') > 0, 'MTP speculation never ran');
+  // the server's default drafts where it measures faster: both ways were tried by now
+  assert.ok(metric(m, 'fathom_spec_decode_steps_drafting_total') > 0);
+  assert.ok(metric(m, 'fathom_spec_decode_steps_plain_total') > 0);
 });
 
 await check('fathom chat streams a reply', async () => {
