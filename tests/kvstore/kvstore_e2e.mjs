@@ -58,8 +58,10 @@ async function startStore(listen = '127.0.0.1:0') {
   return { proc, addr: match };
 }
 async function startServe(store, extra = []) {
+  // --speculation-always: every run of a request takes the same path (drafting where it measures
+  // faster decides by timings), so the servers' tokens can be compared
   const args = ['serve', '--model', modelDir, '--port', '0', '--max-batch', '4', '--kv-cache-gb', '0.0625',
-                '--max-context', '2048', '--served-model-name', 'tiny', ...extra];
+                '--max-context', '2048', '--served-model-name', 'tiny', '--speculation-always', ...extra];
   if (store) args.push('--kv-store', store, '--kv-store-timeout-ms', '3000');
   const { proc, match } = await start(args, /listening on (http:\/\/\S+)/, 'fathom serve');
   return { proc, base: match };
