@@ -15,9 +15,10 @@ namespace fathom {
 // for kSpecProbeSteps steps (the first of them a transition, unmeasured) after kSpecProbeEvery
 // steps, an interval that doubles, up to kSpecProbeEveryMax, each time a probe leaves the choice
 // as it was and returns to kSpecProbeEvery when one changes it; a probe's samples restart the
-// probed way's average, which is stale by then. A way never measured is tried first. On the V2-Lite synthetic
-// checkpoint (random MTP weights: no draft is accepted) drafting doubles a step's routed experts and adds the
-// MTP head: steps with drafts took 1.4-2.3x as long for the same tokens (`bench serve --url`, 2026-12-07).
+// probed way's average, which is stale by then. A way never measured is tried first. On the
+// V2-Lite synthetic checkpoint (random MTP weights: no draft is accepted) drafting doubles a
+// step's routed experts and adds the MTP head: steps with drafts took 1.3-2.3x as long for the
+// same tokens (`bench serve --url`, 1-32 clients, 2026-12-07).
 inline constexpr int kSpecBuckets = 10;
 inline constexpr int64_t kSpecProbeEvery = 64;
 inline constexpr int64_t kSpecProbeEveryMax = 1024;
