@@ -882,7 +882,7 @@ bool Engine::Impl::step() {
     }
     if (!mb.empty()) {
       Timer mtp_clock;
-      // Without drafts the MTP layer only writes its cache (no head).
+      // Without drafts the MTP step only writes its layer's cache entries (no attention, FFN or head).
       const bool any_draft = std::any_of(who.begin(), who.end(), [](const Seq* q) { return q != nullptr; });
       auto mr =
           model->mtp_forward(mb, mtp_tokens, mh.data(), *cache, any_draft ? mtp_logits.data() : nullptr);

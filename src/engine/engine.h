@@ -171,7 +171,8 @@ struct EngineOptions {
   // With speculative: draft only while drafting pays. The engine times steady steps with drafts
   // and without, per batch size (1, 2-3, 4-7, ... sequences), in tokens per second, keeps the
   // faster way and tries the other for a few steps at doubling intervals. Without drafts
-  // the MTP layer still writes its cache (no head), so drafts resume at full acceptance. Off:
+  // the MTP step only writes its layer's cache entries (Model::mtp_forward with null logits), so
+  // drafts resume at full acceptance. Off:
   // every decoding sequence drafts every step (the measurement and the tests of drafting).
   bool speculative_adaptive = false;
   // KV-cache storage tier (kv_tier.h): kv_store.server "HOST:PORT" writes full pages through to

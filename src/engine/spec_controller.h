@@ -11,8 +11,8 @@ namespace fathom {
 // EngineOptions::speculative_adaptive: per batch-size bucket (1, 2-3, 4-7, ... decoding
 // sequences), an exponential average of the tokens per second of steady steps with drafts (each
 // decoding sequence verified one and drafted the next) and of steady steps without (none verified,
-// none drafted; the MTP layer still wrote its cache). The faster way is kept; the other is tried
-// for kSpecProbeSteps steps (the first of them a transition, unmeasured) after kSpecProbeEvery
+// none drafted; the MTP layer's cache entries still written). The faster way is kept; the other is
+// tried for kSpecProbeSteps steps (the first of them a transition, unmeasured) after kSpecProbeEvery
 // steps, an interval that doubles, up to kSpecProbeEveryMax, each time a probe leaves the choice
 // as it was and returns to kSpecProbeEvery when one changes it; a probe's samples restart the
 // probed way's average, which is stale by then. A way never measured is tried first. On the

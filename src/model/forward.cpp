@@ -421,9 +421,13 @@ Result<ForwardResult> Model::mtp_forward(std::span<const SeqBatch> batch, std::s
   rms_norm({.n_rows = T, .dim = h, .eps = eps, .y_stride = 2 * h, .weight_dtype = L.hnorm.dtype}, prev_hidden,
            L.hnorm.data, cat + h, pool);
   m.mm(L.eh_proj, cat, T, m.s.x.data());
+  if (logits == nullptr) {  // no drafts wanted: the layer's cache entries only
+    Status st = m.write_kv(layer, batch, T, cache);
+    if (!st.ok()) return st.with_context("MTP layer");
+    return ForwardResult{0, m.stats};
+  }
   Status st = m.layer_forward(layer, batch, T, cache);
   if (!st.ok()) return st.with_context("MTP layer");
-  if (logits == nullptr) return ForwardResult{0, m.stats};  // the cache entries only: no drafts wanted
   const int64_t n = m.select_rows(batch, m.s.x.data(), m.s.sel.data());
   rms_norm({.n_rows = n, .dim = h, .eps = eps, .weight_dtype = L.head_norm.dtype}, m.s.sel.data(), L.head_norm.data,
            m.s.sel.data(), pool);

@@ -23,6 +23,43 @@ Result<MlaDecoder*> Model::Impl::decoder_for(const MlaKvFormat& format) {
   return raw;
 }
 
+// kv: [T, kv_lora | rope] from s.xn; the latent normalised, the rope key rotated (one head shared
+// by all). What attention() writes into the cache and write_kv() alone.
+void Model::Impl::project_kv(const LayerWeights& L, int64_t T) {
+  const ModelConfig& c = w->config;
+  const int64_t kvl = c.kv_lora_rank, kvw = kvl + c.qk_rope_head_dim;
+  mm(L.kv_a, s.xn.data(), T, s.kv.data());
+  rms_norm({.n_rows = T,
+            .dim = kvl,
+            .eps = static_cast<float>(c.rms_norm_eps),
+            .x_stride = kvw,
+            .y_stride = kvw,
+            .weight_dtype = L.kv_a_norm.dtype},
+           s.kv.data(), L.kv_a_norm.data, s.kv.data(), default_pool());
+  rope_apply(*rope, {.n_tokens = T, .n_heads = 1, .token_stride = kvw, .head_stride = kvw},
+             s.positions.data(), s.kv.data() + kvl);
+}
+
+Status Model::Impl::write_kv(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
+  const ModelConfig& c = w->config;
+  const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
+  const int64_t kvw = c.kv_lora_rank + c.qk_rope_head_dim;
+  rms_norm({.n_rows = T,
+            .dim = c.hidden_size,
+            .eps = static_cast<float>(c.rms_norm_eps),
+            .weight_dtype = L.attn_norm.dtype},
+           s.x.data(), L.attn_norm.data, s.xn.data(), default_pool());
+  current_layer = layer;
+  project_kv(L, T);
+  int64_t row = 0;
+  for (const SeqBatch& b : batch) {
+    TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
+                    std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));
+    row += b.n_new;
+  }
+  return {};
+}
+
 Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
   const ModelConfig& c = w->config;
   const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
@@ -38,13 +75,7 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
   } else {
     mm(L.q, s.xn.data(), T, s.q.data());
   }
-  // kv: [T, kv_lora | rope]; the latent normalised, the rope key rotated (one head shared by all).
-  mm(L.kv_a, s.xn.data(), T, s.kv.data());
-  rms_norm({.n_rows = T, .dim = kvl, .eps = static_cast<float>(c.rms_norm_eps), .x_stride = kvw, .y_stride = kvw,
-            .weight_dtype = L.kv_a_norm.dtype},
-           s.kv.data(), L.kv_a_norm.data, s.kv.data(), pool);
-  rope_apply(*rope, {.n_tokens = T, .n_heads = 1, .token_stride = kvw, .head_stride = kvw}, s.positions.data(),
-             s.kv.data() + kvl);
+  project_kv(L, T);
   rope_apply(*rope, {.n_tokens = T, .n_heads = H, .token_stride = H * qk, .head_stride = qk}, s.positions.data(),
              s.q.data() + c.qk_nope_head_dim);
   // Write every new token's latent into this layer's cache pages, then run the sequence's naive

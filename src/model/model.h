@@ -132,7 +132,8 @@ class Model {
   // One MTP step (num_nextn_predict_layers >= 1): for each row, the main model's hidden state at
   // position p and the token at p + 1 -> logits for position p + 2. Row i belongs to batch[i]
   // (n_new tokens each; positions pos..), written into the MTP layer's cache slots. logits null:
-  // only the cache slots are written (no head; the result's row count is 0).
+  // only the cache slots are written, as the full step writes them (eh_proj and the layer's KV
+  // projection; no attention, FFN or head; the result's row count is 0).
   Result<ForwardResult> mtp_forward(std::span<const SeqBatch> batch, std::span<const int32_t> next_tokens,
                                     const float* prev_hidden, KvCache& cache, float* logits);
 

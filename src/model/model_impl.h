@@ -82,6 +82,10 @@ struct Model::Impl {
   void embed(std::span<const int32_t> tokens, float* out) const;
   Status layer_forward(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
   Status attention(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
+  // The layer's cache entries alone (attention norm, kv_a, its norm, RoPE, the write): what
+  // layer_forward writes into the cache, bit for bit, without the attention and the FFN.
+  Status write_kv(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
+  void project_kv(const LayerWeights& L, int64_t n_tokens);  // s.xn -> s.kv (normed latent, rotated key)
   Status attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
                             std::span<const int64_t> rows, KvCache& cache);
   Status attention_naive(const LayerWeights& L, int64_t layer, const SeqBatch& b, int64_t row0, KvCache& cache);

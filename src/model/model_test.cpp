@@ -278,8 +278,8 @@ TEST_F(ModelTest, MtpMatchesTheReference) {
   ASSERT_TRUE(m->has_mtp());
   const auto tokens = prompt(*m, 12, 5);
   const int64_t n = static_cast<int64_t>(tokens.size()), V = m->config().vocab_size, h = m->config().hidden_size;
-  KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 1);
-  ko.capacity_bytes = static_cast<uint64_t>(2 * ko.format.page_bytes() * ko.n_layers);
+  KvCacheOptions ko = m->kv_cache_options(MlaKvDType::kBF16, 0, 2);
+  ko.capacity_bytes = static_cast<uint64_t>(4 * ko.format.page_bytes() * ko.n_layers);
   auto cache = KvCache::create(ko);
   ASSERT_TRUE(cache.ok());
   const SeqId seq = *(*cache)->add_sequence();
@@ -298,6 +298,24 @@ TEST_F(ModelTest, MtpMatchesTheReference) {
   auto ref = reference_forward(m->weights(), tokens, ro);
   ASSERT_TRUE(ref.ok());
   EXPECT_LT(rel_err(mtp, ref->mtp_logits), 2e-4);
+  // Without logits (no drafts wanted) the MTP step writes the same cache entries, bit for bit.
+  const int mtp_layer = static_cast<int>(m->config().num_hidden_layers);
+  const int64_t kvw = m->config().kv_lora_rank + m->config().qk_rope_head_dim;
+  std::vector<float> full(static_cast<size_t>((n - 1) * kvw)), only(full.size());
+  ASSERT_TRUE((*cache)->read(seq, mtp_layer, 0, n - 1, full).ok());
+  const SeqId seq2 = *(*cache)->add_sequence();
+  ASSERT_TRUE((*cache)->append(seq2, tokens).ok());
+  const SeqBatch b2{seq2, 0, n, false};
+  ASSERT_TRUE(
+      m->forward(std::span<const SeqBatch>(&b2, 1), tokens, **cache, logits.data(), hidden.data()).ok());
+  const SeqBatch mb2{seq2, 0, n - 1, false};
+  auto r2 = m->mtp_forward(std::span<const SeqBatch>(&mb2, 1), std::span<const int32_t>(tokens).subspan(1),
+                           hidden.data(), **cache, nullptr);
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(r2->n_logit_rows, 0);
+  ASSERT_TRUE((*cache)->read(seq2, mtp_layer, 0, n - 1, only).ok());
+  EXPECT_EQ(only, full);
+  EXPECT_GT(std::count_if(full.begin(), full.end(), [](float v) { return v != 0.0f; }), kvw);
 }
 
 TEST_F(ModelTest, FP8CacheStaysCloseToBF16) {
