@@ -760,7 +760,13 @@ bool Engine::Impl::step() {
   std::vector<MtpRows> mtp;
   // Whether this step's decoding sequences draft their next token (SpecController), and what the
   // step did, for its measurement: decoding sequences that verified a draft, tokens they emitted.
-  const bool draft_next = spec && (!options.speculative_adaptive || spec_ctl.want_drafts(n_decoding));
+  // A step where sequences only finish their prompts takes the current choice for their number
+  // without advancing the controller (its probes count decode steps).
+  int64_t n_sampling = 0;
+  for (const Seq* q : in_batch) n_sampling += q->sample_now ? 1 : 0;
+  const bool draft_next =
+      spec && (!options.speculative_adaptive ||
+               (n_decoding > 0 ? spec_ctl.want_drafts(n_decoding) : spec_ctl.preferred(n_sampling)));
   if (spec && n_decoding > 0) ++(draft_next ? stats.spec_steps_drafting : stats.spec_steps_plain);
   int64_t n_verified = 0, n_emitted = 0;
   for (size_t i = 0; i < in_batch.size(); ++i) {

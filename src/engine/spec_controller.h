@@ -57,6 +57,12 @@ class SpecController {
     }
     return b.best_spec;
   }
+  // The way want_drafts keeps for `n_seqs` at the moment, without counting a step toward a probe
+  // (a step where sequences only finish their prompts).
+  bool preferred(int64_t n_seqs) const {
+    const Bucket& b = buckets_[bucket(n_seqs)];
+    return b.tps[1] < 0 || (b.tps[0] >= 0 && b.tps[1] > b.tps[0]);
+  }
   // A steady step's throughput: `spec` whether its sequences verified and drafted.
   void record(int64_t n_seqs, bool spec, double tokens_per_s) {
     Bucket& b = buckets_[bucket(n_seqs)];

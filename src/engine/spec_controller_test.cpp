@@ -32,6 +32,7 @@ TEST(SpecController, TriesBothWaysThenKeepsTheFasterAndProbesTheOther) {
   c.record(1, true, 10.0);
   EXPECT_FALSE(c.want_drafts(1));
   c.record(1, false, 20.0);
+  EXPECT_FALSE(c.preferred(1));  // what a step of prompts alone takes, without advancing a probe
   // Plain is twice as fast: it drafts only in probes, after 64, 128, 256, ... steps (each probe
   // confirms plain, so the interval doubles).
   const int drafted = run(c, 1, 64 + 128 + 256 + 512 + 10, 10.0, 20.0);
@@ -51,10 +52,13 @@ TEST(SpecController, BatchSizeBucketsDecideApart) {
   EXPECT_EQ(SpecController::bucket(32), 5);
   EXPECT_EQ(SpecController::bucket(int64_t{1} << 40), kSpecBuckets - 1);
   SpecController c;
+  EXPECT_TRUE(c.preferred(1)) << "drafting is tried first";
   run(c, 1, 300, 30.0, 10.0);   // one sequence: drafting pays
   run(c, 32, 300, 50.0, 90.0);  // 32: it does not
   EXPECT_GT(run(c, 1, 200, 30.0, 10.0), 180);
   EXPECT_LT(run(c, 32, 200, 50.0, 90.0), 20);
+  EXPECT_TRUE(c.preferred(1));
+  EXPECT_FALSE(c.preferred(40));
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ inline void micro_tail(int64_t rem, const ActView& x, int64_t m0, int64_t k0, in
 }
 
 // Prefetches bytes [0, bytes) of rows [r0, r1) of a matrix at base with rows row_bytes apart into
-// L1 (the next weights' first panel block, NextWeights).
+// L1 (a panel block of this call's weights, or the next weights' first one: NextWeights).
 inline void prefetch_rows_l1(const uint8_t* base, int64_t row_bytes, int64_t r0, int64_t r1, int64_t bytes) {
   for (int64_t r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(base + r * row_bytes);
@@ -48,14 +48,10 @@ inline void prefetch_rows_l1(const uint8_t* base, int64_t row_bytes, int64_t r0,
 // prefetcher does not follow: without this, packing waits on DRAM latency for every line and a
 // GEMM of a few rows (grouped experts with 5-30 tokens each) runs at a fraction of bandwidth.
 inline void prefetch_panel_block(const WeightView& w, int64_t n0, int64_t nr, int64_t k0, int64_t kc) {
-  const uint64_t row_bytes = dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols));
-  const uint64_t b0 = dtype_bytes(w.dtype, static_cast<uint64_t>(k0)) & ~uint64_t{63};
-  const uint64_t b1 = dtype_bytes(w.dtype, static_cast<uint64_t>(k0 + kc));
-  const char* base = static_cast<const char*>(w.data) + static_cast<uint64_t>(n0) * row_bytes;
-  for (int64_t r = 0; r < nr; ++r) {
-    const char* row = base + static_cast<uint64_t>(r) * row_bytes;
-    for (uint64_t off = b0; off < b1; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
-  }
+  const int64_t row_bytes = static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(w.cols)));
+  const int64_t b0 = static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(k0))) & ~int64_t{63};
+  const int64_t b1 = static_cast<int64_t>(dtype_bytes(w.dtype, static_cast<uint64_t>(k0 + kc)));
+  prefetch_rows_l1(static_cast<const uint8_t*>(w.data) + n0 * row_bytes + b0, row_bytes, 0, nr, b1 - b0);
 }
 
 template <class T>

@@ -201,8 +201,8 @@ struct ChunkScales {
 // 1.34-1.37x, and from L3 on one thread 1.45 / 1.54x (m = 4 0.65x: it stays on matvec_all). The
 // V2-Lite Q8_0 decode step (`bench serve --ab`): 1.255x at one client, 1.063x at 16 (m = 1);
 // 1.093 / 1.074x at 16 / 32 clients (m = 2-3). L1 requests as well (kStreamL1Bytes ahead) read
-// 0.94-1.00x these; with a gather for the scales the m = 1
-// kernel was slower than matvec_all from L3 (0.57-0.72x).
+// 0.94-1.00x these; with a gather for the scales the m = 1 kernel was slower than matvec_all from
+// L3 (0.57-0.72x).
 template <DType D, int M>
 void stream_matvec(const WeightView& w, const ActView& x, float* y, int64_t ldy, bool accumulate, int64_t r0,
                    int64_t r1) {
