@@ -15,7 +15,12 @@ namespace fathom {
 // tried for kSpecProbeSteps steps (the first of them a transition, unmeasured) after kSpecProbeEvery
 // steps, an interval that doubles, up to kSpecProbeEveryMax, each time a probe leaves the choice
 // as it was and returns to kSpecProbeEvery when one changes it; a probe's samples restart the
-// probed way's average, which is stale by then. A way never measured is tried first. On the
+// probed way's average, which is stale by then. A way never measured is tried first, except that
+// a bucket where drafting is unmeasured takes plain steps first when the nearest smaller bucket
+// that measured both ways found drafting slower (presumed_plain): a larger batch's step is more
+// bound by its arithmetic, which drafting adds to (vLLM stops drafting above a batch size,
+// `speculative_disable_by_batch_size`), so its first probe, kSpecProbeEvery steps in, measures
+// drafting there instead of an exploration at once. On the
 // V2-Lite synthetic checkpoint (random MTP weights: no draft is accepted) drafting doubles a
 // step's routed experts and adds the MTP head: steps with drafts took 1.3-2.3x as long for the
 // same tokens (`bench serve --url`, 1-32 clients, 2026-12-07).
@@ -33,12 +38,13 @@ class SpecController {
   }
   // Whether the sequences of a step with `n_seqs` decoding should draft for the next step.
   bool want_drafts(int64_t n_seqs) {
-    Bucket& b = buckets_[bucket(n_seqs)];
+    const int i = bucket(n_seqs);
+    Bucket& b = buckets_[i];
     if (b.probe_left > 0) {
       --b.probe_left;
       return !b.best_spec;
     }
-    if (b.tps[1] < 0) return true;   // drafting never measured here
+    if (b.tps[1] < 0 && !presumed_plain(i)) return true;  // drafting never measured here
     if (b.tps[0] < 0) return false;  // nor plain steps
     const bool best = b.tps[1] > b.tps[0];
     if (best != b.best_spec) {
@@ -60,8 +66,18 @@ class SpecController {
   // The way want_drafts keeps for `n_seqs` at the moment, without counting a step toward a probe
   // (a step where sequences only finish their prompts).
   bool preferred(int64_t n_seqs) const {
-    const Bucket& b = buckets_[bucket(n_seqs)];
-    return b.tps[1] < 0 || (b.tps[0] >= 0 && b.tps[1] > b.tps[0]);
+    const int i = bucket(n_seqs);
+    const Bucket& b = buckets_[i];
+    return (b.tps[1] < 0 && !presumed_plain(i)) || (b.tps[0] >= 0 && b.tps[1] > b.tps[0]);
+  }
+  // Whether drafting, unmeasured in bucket i, is presumed slower there: the nearest smaller bucket
+  // that measured both ways found it so.
+  bool presumed_plain(int i) const {
+    for (int j = i - 1; j >= 0; --j) {
+      const Bucket& s = buckets_[j];
+      if (s.tps[0] >= 0 && s.tps[1] >= 0) return s.tps[1] <= s.tps[0];
+    }
+    return false;
   }
   // A steady step's throughput: `spec` whether its sequences verified and drafted.
   void record(int64_t n_seqs, bool spec, double tokens_per_s) {

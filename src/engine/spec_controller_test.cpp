@@ -1,6 +1,6 @@
-// SpecController on made-up step timings: a way never measured is tried first, the faster one is
-// kept, the other is tried again for kSpecProbeSteps steps at doubling intervals, and batch-size
-// buckets decide apart.
+// SpecController on made-up step timings: a way never measured is tried first (drafting not where
+// a smaller batch measured it slower), the faster one is kept, the other is tried again for
+// kSpecProbeSteps steps at doubling intervals, and batch-size buckets decide apart.
 #include "engine/spec_controller.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +59,31 @@ TEST(SpecController, BatchSizeBucketsDecideApart) {
   EXPECT_LT(run(c, 32, 200, 50.0, 90.0), 20);
   EXPECT_TRUE(c.preferred(1));
   EXPECT_FALSE(c.preferred(40));
+}
+
+// Where drafting lost at a smaller batch, a larger one starts with plain steps and measures
+// drafting in its first probe instead of at once; a smaller batch than any measured, or one below
+// a batch where drafting won, still tries drafting first.
+TEST(SpecController, LargerBatchesPresumeWhatASmallerOneMeasuredAgainstDrafting) {
+  SpecController c;
+  run(c, 1, 300, 10.0, 20.0);  // one sequence: drafting loses
+  EXPECT_FALSE(c.preferred(16));
+  EXPECT_FALSE(c.want_drafts(16));
+  // 16 sequences: no drafting until the first probe, kSpecProbeEvery steps in...
+  EXPECT_EQ(run(c, 16, static_cast<int>(kSpecProbeEvery) - 2, 100.0, 50.0), 0);
+  // ...which measures drafting here, faster at this size (made-up rates): it is kept from then on.
+  const int drafted = run(c, 16, 200, 100.0, 50.0);
+  EXPECT_GE(drafted, 200 - 3 * kSpecProbeSteps);  // plain in two probes and a step before the first
+  EXPECT_TRUE(c.preferred(16));
+  // 32 sequences: the nearest smaller bucket with both ways measured (16) found drafting faster.
+  EXPECT_TRUE(c.preferred(32));
+  EXPECT_TRUE(c.want_drafts(32));
+
+  SpecController d;
+  run(d, 8, 300, 10.0, 20.0);  // 8 sequences: drafting loses
+  EXPECT_TRUE(d.preferred(1)) << "nothing measured below 8: drafting is tried first";
+  EXPECT_TRUE(d.want_drafts(2));
+  EXPECT_FALSE(d.preferred(100));
 }
 
 }  // namespace
