@@ -82,7 +82,7 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 #define F8_ZERO(R) "vpxord %%" R ", %%" R ", %%" R "\n\t"
 #define F8_ZERO8(A, B, C, D, E, F, G, H) \
   F8_ZERO(A) F8_ZERO(B) F8_ZERO(C) F8_ZERO(D) F8_ZERO(E) F8_ZERO(F) F8_ZERO(G) F8_ZERO(H)
-#define F8_STORE(R, OFF) "vmovaps %%" R ", " OFF "(%[tot])\n\t"
+#define F8_STORE(R, O) "vmovaps %%" R ", %[" O "]\n\t"
 // The requests of a 64-column half: the same two lines of the next rows into L1 and of the far rows
 // into L2, at byte offset OFF (columns order); or (address order, ADDR) the next two lines of the
 // next rows' joint run [pf, pf + 2K) into L1 and of the far rows' into L2, indexed by 2k from its
@@ -111,10 +111,10 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
 // One 128-column block per iteration (BLOCK: F8_BLOCK or F8_BLOCK_ADDR): request the rows ahead,
 // convert and dot each 64-column half, then add the block's sums times its scale to the totals.
 #define F8_PAIR_LOOP_B(BLOCK, DP, FMA)                                                 \
-  "vmovdqa64 0(%[tab]), %%zmm28\n\t"                                                  \
-  "vmovdqa64 64(%[tab]), %%zmm29\n\t"                                                 \
-  "vmovdqa64 128(%[tab]), %%zmm30\n\t"                                                \
-  "vmovdqa64 192(%[tab]), %%zmm31\n\t"                                                \
+  "vmovdqa64 %[t0], %%zmm28\n\t"                                                      \
+  "vmovdqa64 %[t1], %%zmm29\n\t"                                                      \
+  "vmovdqa64 %[t2], %%zmm30\n\t"                                                      \
+  "vmovdqa64 %[t3], %%zmm31\n\t"                                                      \
   "vpbroadcastd %[sign], %%zmm25\n\t"                                                 \
   F8_ZERO8("zmm8", "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15")       \
   "1:\n\t"                                                                             \
@@ -124,8 +124,8 @@ struct Fp8VbmiConv : Fp8VbmiConvert {
   "add $4, %[s]\n\t"                                                                   \
   "add $128, %[k]\n\t"                                                                 \
   "jnz 1b\n\t"                                                                         \
-  F8_STORE("zmm8", "0") F8_STORE("zmm9", "64") F8_STORE("zmm10", "128") F8_STORE("zmm11", "192") \
-  F8_STORE("zmm12", "256") F8_STORE("zmm13", "320") F8_STORE("zmm14", "384") F8_STORE("zmm15", "448")
+  F8_STORE("zmm8", "o0") F8_STORE("zmm9", "o1") F8_STORE("zmm10", "o2") F8_STORE("zmm11", "o3") \
+  F8_STORE("zmm12", "o4") F8_STORE("zmm13", "o5") F8_STORE("zmm14", "o6") F8_STORE("zmm15", "o7")
 #define F8_PAIR_LOOP(DP, FMA) F8_PAIR_LOOP_B(F8_BLOCK, DP, FMA)
 #define F8_PAIR_LOOP_ADDR(DP, FMA) F8_PAIR_LOOP_B(F8_BLOCK_ADDR, DP, FMA)
 // clang-format on
@@ -141,14 +141,18 @@ void Fp8VbmiConv::pair_kernel(int m, const uint8_t* w0, int64_t K, const uint16_
   int64_t k = -K;
   const Fp8PairEnds e(m, w0, K, x, xs, pf, far);  // bf16 rows are indexed by 2 * k bytes
   const float* s = scale;
-  const uint8_t* tab = kByteTables.lo;  // lo[128] then hi[128]
   const uint32_t sign = 0x80808080u;
-#define F8_PAIR_ASM(LOOP, DP, FMA)                                                               \
-  asm volatile(LOOP(DP, FMA)                                                                     \
-               : [k] "+r"(k), [s] "+r"(s)                                                        \
-               : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0), \
-                 [x1] "r"(e.x1), [x2] "r"(e.x2), [x3] "r"(e.x3), [tot] "r"(tot), [tab] "r"(tab), \
-                 [sign] "m"(sign), [f0] "r"(e.f0), [f1] "r"(e.f1)                                \
+  // The byte tables and the totals as memory operands: twelve pointers in registers leave room for
+  // a frame pointer (the ASan build's -fno-omit-frame-pointer), which fourteen did not.
+  const auto* t = reinterpret_cast<const __m512i*>(kByteTables.lo);  // lo[128] then hi[128]
+  auto* o = reinterpret_cast<__m512*>(tot);                          // [2][4] totals
+#define F8_PAIR_ASM(LOOP, DP, FMA)                                                                   \
+  asm volatile(LOOP(DP, FMA)                                                                         \
+               : [k] "+r"(k), [s] "+r"(s), [o0] "=m"(o[0]), [o1] "=m"(o[1]), [o2] "=m"(o[2]),        \
+                 [o3] "=m"(o[3]), [o4] "=m"(o[4]), [o5] "=m"(o[5]), [o6] "=m"(o[6]), [o7] "=m"(o[7]) \
+               : [w0] "r"(e.w0), [w1] "r"(e.w1), [p0] "r"(e.p0), [p1] "r"(e.p1), [x0] "r"(e.x0),     \
+                 [x1] "r"(e.x1), [x2] "r"(e.x2), [x3] "r"(e.x3), [t0] "m"(t[0]), [t1] "m"(t[1]),     \
+                 [t2] "m"(t[2]), [t3] "m"(t[3]), [sign] "m"(sign), [f0] "r"(e.f0), [f1] "r"(e.f1)    \
                : F8_CLOBBERS)
 #define F8_PAIR_ASM_EITHER(DP, FMA)          \
   if (address_order) {                       \
