@@ -116,6 +116,11 @@ bool JsonMatcher::feed_inner(uint8_t b) {
         --aux_;
         return true;
       }
+      if (high_) {  // only the low half's escape may follow a high surrogate
+        if (b != '\\') return false;
+        state_ = State::kEscape;
+        return true;
+      }
       if (b == '"') {
         if (in_key_) {
           state_ = State::kColon;
@@ -139,18 +144,32 @@ bool JsonMatcher::feed_inner(uint8_t b) {
       if (b == 'u') {
         state_ = State::kUnicode;
         aux_ = 4;
+        unit_ = 0;
         return true;
       }
+      if (high_) return false;
       if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' || b == 't') {
         state_ = State::kString;
         aux_ = 0;
         return true;
       }
       return false;
-    case State::kUnicode:
+    case State::kUnicode: {
+      // A lone surrogate (a \uDC00-\uDFFF escape not right after a \uD800-\uDBFF one, or a high
+      // one not followed by a low one) is valid JSON syntax that strict parsers refuse (RFC 8259,
+      // section 8.2): refused at the first digit that decides it.
       if (!is_hex(b)) return false;
-      if (--aux_ == 0) state_ = State::kString;
+      const uint16_t unit =
+          static_cast<uint16_t>(unit_ << 4 | (is_digit(b) ? b - '0' : (b | 0x20) - 'a' + 10));
+      if (aux_ == 4 && high_ && unit != 0xD) return false;
+      if (aux_ == 3 && (unit >= 0xDC && unit <= 0xDF) != high_) return false;
+      unit_ = unit;
+      if (--aux_ == 0) {
+        state_ = State::kString;
+        high_ = !high_ && unit >= 0xD800 && unit <= 0xDBFF;
+      }
       return true;
+    }
     case State::kMinus:
       if (b == '0') { state_ = State::kZero; aux_ = 1; return true; }
       if (b >= '1' && b <= '9') { state_ = State::kInt; aux_ = 1; return true; }

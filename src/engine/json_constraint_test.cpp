@@ -81,6 +81,42 @@ TEST(JsonMatcher, NeverAcceptsWhatTheParserRejects) {
   EXPECT_GT(complete_docs, 10);
 }
 
+// UTF-16 surrogates in \u escapes only as a high-low pair: a lone one is JSON syntax that strict
+// parsers (nlohmann's among them) refuse, so constrained decoding must not emit it. Each refusal
+// comes at the first byte that decides it (found by the json_schema fuzzer: a schema-constrained
+// string with "\uDDDD" that nlohmann::json::parse rejected).
+TEST(JsonMatcher, TakesSurrogateEscapesOnlyInPairs) {
+  for (const char* d :
+       {R"({"a":"\uD83D\uDE00"})", R"({"a":"x\ud83d\ude00y"})", R"({"a":"\uDBFF\uDFFF\uE000\uD7FF"})"}) {
+    ASSERT_NO_THROW(nlohmann::json::parse(d)) << d;
+    bool complete = false;
+    EXPECT_TRUE(accepts(d, &complete)) << d;
+    EXPECT_TRUE(complete) << d;
+  }
+  // Each bad document with the length of the prefix the matcher takes.
+  const std::pair<const char*, size_t> bad[] = {
+      {R"({"a":"\uDE00"})", 9},         // a low half alone: refused at its second digit
+      {R"({"a":"\uD83D"})", 12},        // a high half, then the string ends
+      {R"({"a":"\uD83Dx"})", 12},       // ... then a plain character
+      {R"({"a":"\uD83D\n"})", 13},      // ... then another escape
+      {R"({"a":"\uD83D\u0041"})", 14},  // ... then an escape that is no low half
+      {R"({"a":"\uD83D\uD83D"})", 15},  // ... then a second high half
+  };
+  for (const auto& [d, taken] : bad) {
+    EXPECT_TRUE(nlohmann::json::parse(d, nullptr, false).is_discarded()) << d;
+    const std::string s(d);
+    EXPECT_TRUE(accepts(s.substr(0, taken))) << d;
+    EXPECT_FALSE(accepts(s.substr(0, taken + 1))) << d;
+  }
+  // A matcher inside a plain string takes string-safe tokens; after a high half it is not plain.
+  JsonMatcher m;
+  ASSERT_TRUE(m.feed(std::string_view(R"({"a":"\uD83D)")));
+  EXPECT_TRUE(m.in_string());
+  EXPECT_FALSE(m.in_plain_string());
+  ASSERT_TRUE(m.feed(std::string_view(R"(\uDE00)")));
+  EXPECT_TRUE(m.in_plain_string());
+}
+
 TEST(JsonMatcher, LimitsNesting) {
   std::string deep = "{\"a\":";
   for (int i = 0; i < JsonMatcher::kMaxDepth - 1; ++i) deep += "[";

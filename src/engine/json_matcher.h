@@ -1,6 +1,7 @@
 // The JSON automaton of constrained decoding: a byte-level pushdown automaton accepting exactly
-// one JSON object (RFC 8259: strings with escapes and valid UTF-8, numbers of at most 20 digits and
-// a two-digit exponent, literals, nesting up to 64 levels, whitespace anywhere between tokens).
+// one JSON object (RFC 8259: strings with escapes and valid UTF-8, UTF-16 surrogates in \u escapes
+// only as pairs, numbers of at most 20 digits and a two-digit exponent, literals, nesting up to 64
+// levels, whitespace anywhere between tokens).
 // JSON mode uses it alone; SchemaMatcher (json_schema.h) and ToolArgsMatcher (json_constraint.h)
 // build on it. Implemented in json_constraint.cpp.
 #pragma once
@@ -28,8 +29,9 @@ class JsonMatcher {
   bool expects_key() const { return state_ == State::kKeyOrEnd || state_ == State::kKey; }
   bool in_key_string() const { return in_key_ && in_string(); }
   bool expects_value() const { return state_ == State::kValue; }
-  // Inside a string with no escape or UTF-8 sequence open: any "string-safe" token keeps it so.
-  bool in_plain_string() const { return state_ == State::kString && aux_ == 0; }
+  // Inside a string with no escape, UTF-8 sequence or surrogate pair open: any "string-safe" token
+  // keeps it so.
+  bool in_plain_string() const { return state_ == State::kString && aux_ == 0 && !high_; }
   bool in_string() const {
     return state_ == State::kString || state_ == State::kEscape || state_ == State::kUnicode;
   }
@@ -51,6 +53,8 @@ class JsonMatcher {
   uint8_t aux_ = 0;          // unicode digits left, literal index, utf-8 continuation bytes left
   uint8_t literal_ = 0;      // 0 true, 1 false, 2 null
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // allowed range of the next continuation byte
+  uint16_t unit_ = 0;                        // the \u escape's hex digits so far
+  bool high_ = false;                        // a \uD800-\uDBFF escape waits for its \uDC00-\uDFFF half
   std::array<uint8_t, kMaxDepth> stack_{};  // '{' or '['
 };
 
