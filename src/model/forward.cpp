@@ -333,13 +333,20 @@ Status Model::Impl::ffn(const LayerWeights& L, int64_t T) {
   return {};
 }
 
+void Model::Impl::attn_norm(const LayerWeights& L, int64_t T) {
+  rms_norm({.n_rows = T,
+            .dim = w->config.hidden_size,
+            .eps = static_cast<float>(w->config.rms_norm_eps),
+            .weight_dtype = L.attn_norm.dtype},
+           s.x.data(), L.attn_norm.data, s.xn.data(), default_pool());
+}
+
 Status Model::Impl::layer_forward(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
   const ModelConfig& c = w->config;
   const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
   ThreadPool& pool = default_pool();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  rms_norm({.n_rows = T, .dim = c.hidden_size, .eps = eps, .weight_dtype = L.attn_norm.dtype}, s.x.data(),
-           L.attn_norm.data, s.xn.data(), pool);
+  attn_norm(L, T);
   current_layer = layer;
   TRY(attention(layer, batch, T, cache));
   mm(L.o, s.attn_v.data(), T, s.x.data(), {.accumulate = true});

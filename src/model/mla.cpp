@@ -40,17 +40,9 @@ void Model::Impl::project_kv(const LayerWeights& L, int64_t T) {
              s.positions.data(), s.kv.data() + kvl);
 }
 
-Status Model::Impl::write_kv(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
-  const ModelConfig& c = w->config;
-  const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
-  const int64_t kvw = c.kv_lora_rank + c.qk_rope_head_dim;
-  rms_norm({.n_rows = T,
-            .dim = c.hidden_size,
-            .eps = static_cast<float>(c.rms_norm_eps),
-            .weight_dtype = L.attn_norm.dtype},
-           s.x.data(), L.attn_norm.data, s.xn.data(), default_pool());
-  current_layer = layer;
-  project_kv(L, T);
+// Every new token's [latent | rope key] row of s.kv into this layer's cache pages.
+Status Model::Impl::write_kv_rows(int64_t layer, std::span<const SeqBatch> batch, KvCache& cache) {
+  const int64_t kvw = w->config.kv_lora_rank + w->config.qk_rope_head_dim;
   int64_t row = 0;
   for (const SeqBatch& b : batch) {
     TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
@@ -60,11 +52,18 @@ Status Model::Impl::write_kv(int64_t layer, std::span<const SeqBatch> batch, int
   return {};
 }
 
+Status Model::Impl::write_kv(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
+  const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
+  attn_norm(L, T);
+  current_layer = layer;
+  project_kv(L, T);
+  return write_kv_rows(layer, batch, cache);
+}
+
 Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, int64_t T, KvCache& cache) {
   const ModelConfig& c = w->config;
   const LayerWeights& L = w->layers[static_cast<size_t>(layer)];
-  const int64_t H = c.num_attention_heads, qk = c.qk_head_dim(), kvl = c.kv_lora_rank, rope_d = c.qk_rope_head_dim;
-  const int64_t kvw = kvl + rope_d;
+  const int64_t H = c.num_attention_heads, qk = c.qk_head_dim();
   ThreadPool& pool = default_pool();
   // q: [T, H, nope + rope]
   if (c.q_lora_rank > 0) {
@@ -78,18 +77,17 @@ Status Model::Impl::attention(int64_t layer, std::span<const SeqBatch> batch, in
   project_kv(L, T);
   rope_apply(*rope, {.n_tokens = T, .n_heads = H, .token_stride = H * qk, .head_stride = qk}, s.positions.data(),
              s.q.data() + c.qk_nope_head_dim);
-  // Write every new token's latent into this layer's cache pages, then run the sequence's naive
+  // Write every new token's latent into this layer's cache pages, then run each sequence's naive
   // attention (it reads only its own pages) or queue it for the absorbed form: decodes, and short
   // suffixes after a cached context at least as long (BF16/FP8 models) as pieces of up to
   // kAbsorbThreshold tokens, each seeing the keys up to its own last token. Every sequence has
   // an entry of the absorbed scratch; the pieces beyond each suffix's first take the
   // kAbsorbSpareEntries spare ones (absorbed_entries).
+  TRY(write_kv_rows(layer, batch, cache));
   std::vector<SeqBatch> absorbed;
   std::vector<int64_t> absorbed_rows;
   int64_t row = 0, spare = kAbsorbSpareEntries;
   for (const SeqBatch& b : batch) {
-    TRY(cache.write(b.seq, static_cast<int>(layer), b.pos,
-                    std::span<const float>(s.kv.data() + row * kvw, static_cast<size_t>(b.n_new * kvw))));
     const int64_t pieces = (b.n_new + kAbsorbThreshold - 1) / kAbsorbThreshold;
     if (b.n_new <= kAbsorbThreshold || (fathom::attention_in_bf16(L) && b.n_new <= kAbsorbMaxSuffix &&
                                         b.pos >= b.n_new && pieces - 1 <= spare)) {

@@ -86,6 +86,8 @@ struct Model::Impl {
   // layer_forward writes into the cache, bit for bit, without the attention and the FFN.
   Status write_kv(int64_t layer, std::span<const SeqBatch> batch, int64_t n_tokens, KvCache& cache);
   void project_kv(const LayerWeights& L, int64_t n_tokens);  // s.xn -> s.kv (normed latent, rotated key)
+  Status write_kv_rows(int64_t layer, std::span<const SeqBatch> batch, KvCache& cache);  // s.kv -> cache
+  void attn_norm(const LayerWeights& L, int64_t n_tokens);  // s.x -> s.xn (the attention's input norm)
   Status attention_absorbed(const LayerWeights& L, int64_t layer, std::span<const SeqBatch> batch,
                             std::span<const int64_t> rows, KvCache& cache);
   Status attention_naive(const LayerWeights& L, int64_t layer, const SeqBatch& b, int64_t row0, KvCache& cache);
